@@ -1,0 +1,30 @@
+"""Qwen3-ASR speech recognition on Apple MLX.
+
+    import mlx_qwen3asr
+    model = mlx_qwen3asr.load("Qwen/Qwen3-ASR-0.6B")
+    result = mlx_qwen3asr.transcribe(model, "talk.m4a")
+    print(result.text)
+"""
+
+from ._blas import preload_openblas
+
+preload_openblas()
+
+from .audio import AudioError, load_audio  # noqa: E402
+from .loading import ASRModel, ModelLoadError, load  # noqa: E402
+from .prompt import SUPPORTED_LANGUAGES  # noqa: E402
+from .transcribe import Segment, Transcription, transcribe  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ASRModel",
+    "AudioError",
+    "ModelLoadError",
+    "SUPPORTED_LANGUAGES",
+    "Segment",
+    "Transcription",
+    "load",
+    "load_audio",
+    "transcribe",
+]

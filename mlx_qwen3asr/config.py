@@ -1,0 +1,140 @@
+"""Model configuration, read from the checkpoint's config.json.
+
+Field names are the checkpoint's own keys, so config.json maps onto the dataclasses without a table.
+Three layouts carry the same fields: the original release nests them under `thinker_config`, the
+transformers-native `-hf` layout puts `audio_config`/`text_config` at the top, and MLX conversions keep
+the original nesting and add a `quantization` block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _from_dict(cls, values: dict[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass
+class AudioConfig:
+    num_mel_bins: int = 128
+    d_model: int = 896
+    encoder_layers: int = 18
+    encoder_attention_heads: int = 14
+    encoder_ffn_dim: int = 3584
+    output_dim: int = 1024
+    downsample_hidden_size: int = 480
+    max_source_positions: int = 1500
+    # n_window is half a conv chunk in mel frames (50 -> 100-frame chunks); n_window_infer is the
+    # attention window in mel frames (800 -> 8 chunks -> 104 tokens).
+    n_window: int = 50
+    n_window_infer: int = 800
+    activation_function: str = "gelu"
+    scale_embedding: bool = False
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AudioConfig:
+        return _from_dict(cls, values)
+
+    @property
+    def chunk_frames(self) -> int:
+        return 2 * self.n_window
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return conv_output_length(self.chunk_frames)
+
+    @property
+    def chunks_per_window(self) -> int:
+        return self.n_window_infer // self.chunk_frames
+
+    @property
+    def conv_freq_bins(self) -> int:
+        return conv_output_length(self.num_mel_bins)
+
+
+def conv_output_length(n: int) -> int:
+    """Length after the three stride-2, kernel-3, padding-1 convolutions."""
+    for _ in range(3):
+        n = (n - 1) // 2 + 1
+    return n
+
+
+@dataclass
+class TextConfig:
+    vocab_size: int = 151936
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    tie_word_embeddings: bool = True
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TextConfig:
+        values = dict(values)
+        # Newer transformers moves rope_theta into rope_parameters.
+        rope = values.get("rope_parameters") or {}
+        if "rope_theta" not in values and "rope_theta" in rope:
+            values["rope_theta"] = rope["rope_theta"]
+        return _from_dict(cls, values)
+
+
+@dataclass
+class ModelConfig:
+    audio_config: AudioConfig = field(default_factory=AudioConfig)
+    text_config: TextConfig = field(default_factory=TextConfig)
+    model_type: str = "qwen3_asr"
+    audio_token_id: int = 151676
+    audio_start_token_id: int = 151669
+    audio_end_token_id: int = 151670
+    # Forced aligner only: size of the timestamp classifier head (80 ms bins).
+    classify_num: int | None = None
+    timestamp_token_id: int | None = None
+    timestamp_segment_time: float | None = None
+    support_languages: list[str] | None = None
+    quantization: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
+        thinker = config.get("thinker_config")
+        inner = dict(thinker) if thinker is not None else dict(config)
+        for key in ("timestamp_token_id", "timestamp_segment_time", "support_languages"):
+            if key in config and key not in inner:
+                inner[key] = config[key]
+        if "audio_config" not in inner or "text_config" not in inner:
+            raise ValueError("config.json has no audio_config/text_config: not a Qwen3-ASR checkpoint")
+        text = dict(inner["text_config"])
+        # The tie flag may sit at the top level (the text config's default is True).
+        if "tie_word_embeddings" not in text and "tie_word_embeddings" in config:
+            text["tie_word_embeddings"] = config["tie_word_embeddings"]
+        out = cls(
+            audio_config=AudioConfig.from_dict(inner["audio_config"]),
+            text_config=TextConfig.from_dict(text),
+            model_type=str(inner.get("model_type", config.get("model_type", "qwen3_asr"))),
+            quantization=config.get("quantization") or config.get("quantization_config"),
+        )
+        for key in (
+            "audio_token_id",
+            "audio_start_token_id",
+            "audio_end_token_id",
+            "classify_num",
+            "timestamp_token_id",
+            "timestamp_segment_time",
+            "support_languages",
+        ):
+            if key in inner:
+                setattr(out, key, inner[key])
+        return out
+
+    @property
+    def is_forced_aligner(self) -> bool:
+        return "forced_aligner" in self.model_type

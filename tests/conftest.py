@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SHARED_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "shared" / "tokenizer"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    """The real Qwen3-ASR vocabulary (vocab.json, merges.txt, tokenizer_config.json, chat_template.json)."""
+    required = ("vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.json")
+    missing = [name for name in required if not (SHARED_TOKENIZER_DIR / name).is_file()]
+    if missing:
+        pytest.fail(
+            f"tokenizer data missing: {SHARED_TOKENIZER_DIR} lacks {', '.join(missing)} "
+            "(the shared/tokenizer directory must sit next to the repository)"
+        )
+    return SHARED_TOKENIZER_DIR
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Tests build their checkpoints with the repository's own tool (tools/make_checkpoint.py).
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# Figures the parity tests measured, printed once at the end of the run.
+MEASUREMENTS: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def measurements() -> list[str]:
+    return MEASUREMENTS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MEASUREMENTS:
+        terminalreporter.section("measured parity figures")
+        for line in MEASUREMENTS:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory, tokenizer_dir):
+    """Random-weight checkpoints in the release layout, built once per preset and shared by the run."""
+    from tools.make_checkpoint import write_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def get(preset: str) -> Path:
+        if preset not in made:
+            made[preset] = write_checkpoint(
+                tmp_path_factory.mktemp(f"ckpt-{preset}"), preset, seed=0, tokenizer_dir=tokenizer_dir
+            )
+        return made[preset]
+
+    return get

@@ -1,0 +1,27 @@
+"""Access to the official qwen-asr implementation, the numerical reference of the parity tests.
+
+`import qwen_asr` runs the package's __init__, which imports the inference wrapper and with it
+librosa and nagisa (demo and aligner dependencies that the reference computation never uses). The
+transformers backend itself needs only torch, numpy and transformers, so the package is registered
+here without running its __init__, and the backend modules are imported from it directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+
+
+def official_module(name: str) -> types.ModuleType:
+    """Import `qwen_asr.<name>` without executing qwen_asr/__init__.py."""
+    if "qwen_asr" not in sys.modules:
+        spec = importlib.util.find_spec("qwen_asr")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("the official qwen-asr package is not installed (pip install --no-deps qwen-asr)")
+        package = types.ModuleType("qwen_asr")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        sys.modules["qwen_asr"] = package
+    return importlib.import_module(f"qwen_asr.{name}")

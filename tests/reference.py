@@ -1,0 +1,132 @@
+"""The official implementation run on a checkpoint, stage by stage, as the parity tests' reference.
+
+Windowing: the official transformers backend builds `cu_seqlens` for the encoder's 104-token attention
+windows but, under sdpa/eager, calls every encoder layer without a mask, so each token attends to the
+whole segment (QwenLM/Qwen3-ASR issue 213). The model was trained windowed and vLLM/FlashAttention run
+it windowed. `windowed=True` makes the reference windowed by handing each encoder attention call the
+block-diagonal mask that the official `Qwen3ASRAudioEncoder._prepare_attention_mask` builds from those
+same `cu_seqlens`: every token attends exactly to the tokens of its own window, as FlashAttention's
+varlen path computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from official import official_module
+
+
+@dataclass
+class ReferenceRun:
+    input_ids: list[int]
+    mel: np.ndarray  # (n_mels, frames)
+    encoder: np.ndarray  # (tokens, output_dim)
+    logits: np.ndarray  # (prompt length, vocab)
+    greedy_ids: list[int]
+
+
+class OfficialReference:
+    """The official model and processor for one checkpoint directory, in float32."""
+
+    def __init__(self, checkpoint: str | Path):
+        backend = official_module("core.transformers_backend")
+        self.modeling = official_module("core.transformers_backend.modeling_qwen3_asr")
+        from transformers import AutoConfig, AutoProcessor
+
+        AutoConfig.register("qwen3_asr", backend.Qwen3ASRConfig, exist_ok=True)
+        AutoProcessor.register(backend.Qwen3ASRConfig, backend.Qwen3ASRProcessor, exist_ok=True)
+        torch.manual_seed(0)
+        self.model, info = backend.Qwen3ASRForConditionalGeneration.from_pretrained(
+            str(checkpoint), dtype=torch.float32, output_loading_info=True
+        )
+        if any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+            raise RuntimeError(f"the official model did not load {checkpoint} cleanly: {info}")
+        self.model.eval()
+        # As the official Qwen3ASRModel.from_pretrained loads it.
+        self.processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=True)
+
+    def prompt_text(self, context: str = "", language: str | None = None) -> str:
+        """The prompt string exactly as the official `Qwen3ASRModel._build_text_prompt` renders it."""
+        messages = [
+            {"role": "system", "content": context or ""},
+            {"role": "user", "content": [{"type": "audio", "audio": ""}]},
+        ]
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return text + f"language {language}<asr_text>" if language else text
+
+    def inputs(self, wav: np.ndarray, context: str = "", language: str | None = None):
+        return self.processor(
+            text=[self.prompt_text(context, language)], audio=[wav], return_tensors="pt", padding=True
+        )
+
+    @contextlib.contextmanager
+    def windowed(self, enabled: bool = True):
+        """Give the encoder's attention the official block-diagonal window mask while active."""
+        attention = self.modeling.Qwen3ASRAudioAttention
+        original = attention.forward
+        encoder = self.model.thinker.audio_tower
+
+        def forward(module, hidden_states, cu_seqlens=None, attention_mask=None, **kwargs):
+            if attention_mask is None:
+                attention_mask = encoder._prepare_attention_mask(hidden_states, cu_seqlens)
+            return original(module, hidden_states, cu_seqlens=cu_seqlens, attention_mask=attention_mask, **kwargs)
+
+        if enabled:
+            attention.forward = forward
+        try:
+            yield
+        finally:
+            attention.forward = original
+
+    @torch.no_grad()
+    def encode(self, mel: np.ndarray, windowed: bool = True) -> np.ndarray:
+        with self.windowed(windowed):
+            out = self.model.thinker.audio_tower(
+                torch.from_numpy(mel), feature_lens=torch.tensor([mel.shape[1]])
+            ).last_hidden_state
+        return out.numpy()
+
+    @torch.no_grad()
+    def run(self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32) -> ReferenceRun:
+        inputs = self.inputs(wav, context, language)
+        frames = int(inputs["feature_attention_mask"].sum())
+        mel = inputs["input_features"][0, :, :frames].numpy()
+        with self.windowed():
+            logits = self.model.thinker(**inputs).logits[0].numpy()
+            out = self.model.generate(**inputs, max_new_tokens=steps, do_sample=False, pad_token_id=151643)
+        prompt_len = inputs["input_ids"].shape[1]
+        return ReferenceRun(
+            input_ids=inputs["input_ids"][0].tolist(),
+            mel=mel,
+            encoder=self.encode(mel),
+            logits=logits,
+            greedy_ids=out.sequences[0, prompt_len:].tolist(),
+        )
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+
+
+def test_signal(seconds: float, seed: int = 0, sample_rate: int = 16000) -> np.ndarray:
+    """Speech-like test audio: noise shaped by a syllable-rate envelope over a wandering tone."""
+    rng = np.random.default_rng(seed)
+    n = int(round(seconds * sample_rate))
+    t = np.arange(n) / sample_rate
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4.0 * t + rng.uniform(0, 2 * np.pi))
+    tone = np.sin(2 * np.pi * (180 + 40 * np.sin(2 * np.pi * 0.5 * t)) * t)
+    noise = rng.standard_normal(n)
+    return (0.3 * envelope * (0.6 * tone + 0.4 * noise)).astype(np.float32)
+
+
+test_signal.__test__ = False  # a helper, not a test
