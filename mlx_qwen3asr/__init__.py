@@ -1,9 +1,9 @@
 """Qwen3-ASR speech recognition on Apple MLX.
 
-    import mlx_qwen3asr
-    model = mlx_qwen3asr.load("Qwen/Qwen3-ASR-0.6B")
-    result = mlx_qwen3asr.transcribe(model, "talk.m4a")
-    print(result.text)
+import mlx_qwen3asr
+model = mlx_qwen3asr.load("Qwen/Qwen3-ASR-0.6B")
+result = mlx_qwen3asr.transcribe(model, "talk.m4a")
+print(result.text)
 """
 
 from ._blas import preload_openblas

@@ -76,7 +76,9 @@ def resolve_model_path(path_or_repo: str | Path) -> Path:
 
         return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
     except Exception as e:  # network, auth, missing repo: all end the same way for the user
-        raise ModelLoadError(f"{repo}: cannot fetch from the Hugging Face hub ({e.__class__.__name__}: {e})") from e
+        raise ModelLoadError(
+            f"{repo}: cannot fetch from the Hugging Face hub ({e.__class__.__name__}: {e})"
+        ) from e
 
 
 def read_config(path: Path) -> tuple[dict[str, Any], ModelConfig]:
@@ -120,7 +122,9 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     return weights
 
 
-def quantize_like_checkpoint(net: Qwen3ASR, weights: dict[str, mx.array], quantization: dict[str, Any]) -> None:
+def quantize_like_checkpoint(
+    net: Qwen3ASR, weights: dict[str, mx.array], quantization: dict[str, Any]
+) -> None:
     """Turn the layers the checkpoint stores quantized into quantized layers of the same recipe."""
     defaults = {k: quantization[k] for k in ("group_size", "bits", "mode") if k in quantization}
 

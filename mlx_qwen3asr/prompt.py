@@ -200,20 +200,22 @@ def _collapse_patterns(text: str, threshold: int, max_period: int = 20) -> str:
     pieces: list[str] = []
     i = 0
     while i <= last_start:
-        for period in range(1, max_period + 1):
-            if i + period * threshold > n:
-                break
+        end = -1
+        # Longest period whose threshold copies still fit in the text.
+        longest = min(max_period, (n - i) // threshold)
+        for period in range(1, longest + 1):
             pattern = text[i : i + period]
             if all(text[i + r * period : i + (r + 1) * period] == pattern for r in range(1, threshold)):
                 end = i + threshold * period
                 while end + period <= n and text[end : end + period] == pattern:
                     end += period
-                pieces.append(pattern)
-                i = end
                 break
-        else:
+        if end < 0:
             pieces.append(text[i])
             i += 1
+        else:
+            pieces.append(text[i : i + period])
+            i = end
     pieces.append(text[i:])
     return "".join(pieces)
 
@@ -267,13 +269,11 @@ def parse_output(raw: str | None, forced_language: str | None = None) -> tuple[s
     language = ""
     for line in meta.splitlines():
         line = line.strip()
-        if not line:
-            continue
         if line.lower().startswith(_LANGUAGE_PREFIX):
             value = line[len(_LANGUAGE_PREFIX) :].strip()
             if value:
                 language = _normalize_language_case(value)
-        break
+            break
     return language, text
 
 
@@ -309,7 +309,7 @@ def join_texts(texts: list[str], language: str | None = "") -> str:
     if not pieces:
         return ""
     out = [pieces[0]]
-    for left, right in zip(pieces, pieces[1:]):
+    for left, right in zip(pieces, pieces[1:], strict=False):
         if not (_is_unspaced_script(left[-1]) or _is_unspaced_script(right[0])):
             out.append(" ")
         out.append(right)

@@ -35,8 +35,20 @@ MISTRAL_FIX_SPLIT_PATTERN = (
 )
 
 # Qwen2TokenizerFast constructor defaults, used when tokenizer_config.json omits the key.
-_QWEN2_DEFAULT_SPECIALS = {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
-_SINGLE_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_QWEN2_DEFAULT_SPECIALS = {
+    "unk_token": "<|endoftext|>",
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+}
+_SINGLE_SPECIAL_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 _MISTRAL_MODEL_TYPES = ("mistral", "mistral3", "voxtral", "ministral", "pixtral")
 

@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -16,7 +16,7 @@ from .generate import greedy_generate, token_budget
 from .loading import ASRModel
 from .model import encoder_batch
 from .prompt import build_prompt_ids, fix_repetitions_flag, join_texts, parse_output, resolve_language
-from .segment import split_on_silence, segment_audio
+from .segment import segment_audio, split_on_silence
 
 # Pieces of about 30 s transcribe more accurately than long ones (the model was tuned on short clips),
 # and a segment is the unit of timing in the output.
@@ -24,7 +24,7 @@ DEFAULT_MAX_SEGMENT_SECONDS = 30.0
 # Encoder work per call, in 100-frame chunks: bounds memory for long files.
 ENCODER_CHUNKS_PER_CALL = 256
 
-AudioInput = Union[str, os.PathLike, np.ndarray, tuple]
+AudioInput = str | os.PathLike | np.ndarray | tuple
 
 
 @dataclass
@@ -65,7 +65,9 @@ def _waveform(audio: AudioInput) -> tuple[np.ndarray, str | None]:
         return prepare_audio(np.asarray(array), int(rate)), None
     if isinstance(audio, (np.ndarray, mx.array)):
         return prepare_audio(np.asarray(audio), SAMPLE_RATE), None
-    raise TypeError(f"unsupported audio input {type(audio).__name__}: give a path, an array, or (array, rate)")
+    raise TypeError(
+        f"unsupported audio input {type(audio).__name__}: give a path, an array, or (array, rate)"
+    )
 
 
 def encode_segments(model: ASRModel, mels: list[np.ndarray]) -> list[mx.array]:

@@ -19,7 +19,9 @@ def official_module(name: str) -> types.ModuleType:
     if "qwen_asr" not in sys.modules:
         spec = importlib.util.find_spec("qwen_asr")
         if spec is None or not spec.submodule_search_locations:
-            raise ImportError("the official qwen-asr package is not installed (pip install --no-deps qwen-asr)")
+            raise ImportError(
+                "the official qwen-asr package is not installed (pip install --no-deps qwen-asr)"
+            )
         package = types.ModuleType("qwen_asr")
         package.__path__ = list(spec.submodule_search_locations)
         package.__spec__ = spec

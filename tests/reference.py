@@ -73,7 +73,9 @@ class OfficialReference:
         def forward(module, hidden_states, cu_seqlens=None, attention_mask=None, **kwargs):
             if attention_mask is None:
                 attention_mask = encoder._prepare_attention_mask(hidden_states, cu_seqlens)
-            return original(module, hidden_states, cu_seqlens=cu_seqlens, attention_mask=attention_mask, **kwargs)
+            return original(
+                module, hidden_states, cu_seqlens=cu_seqlens, attention_mask=attention_mask, **kwargs
+            )
 
         if enabled:
             attention.forward = forward
@@ -91,7 +93,9 @@ class OfficialReference:
         return out.numpy()
 
     @torch.no_grad()
-    def run(self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32) -> ReferenceRun:
+    def run(
+        self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32
+    ) -> ReferenceRun:
         inputs = self.inputs(wav, context, language)
         frames = int(inputs["feature_attention_mask"].sum())
         mel = inputs["input_features"][0, :, :frames].numpy()

@@ -101,7 +101,8 @@ def official_prompt(processor, context: str, force_language: str | None) -> str:
 
 
 def official_ids(processor, context: str, language: str | None, seconds: float) -> list[int]:
-    wav = (0.1 * np.random.default_rng(int(seconds * 10)).standard_normal(int(seconds * SR))).astype(np.float32)
+    rng = np.random.default_rng(int(seconds * 10))
+    wav = (0.1 * rng.standard_normal(int(seconds * SR))).astype(np.float32)
     out = processor(text=[official_prompt(processor, context, language)], audio=[wav], return_tensors="np")
     return out["input_ids"][0].tolist()
 
@@ -280,7 +281,7 @@ def repetition_cases(count: int, seed: int = 99) -> list[tuple[str, int]]:
     rng = random.Random(seed)
     alphabet = "abcab 的了是。！ ,.xyz"
     cases = []
-    for i in range(count):
+    for _ in range(count):
         threshold = rng.choice([20, 20, 20, 5, 3, 2, 1])
         parts = []
         for _ in range(rng.randint(1, 4)):
@@ -388,7 +389,8 @@ def test_parse_output_examples():
     assert parse_output("language None<asr_text>", None) == ("", "")
     assert parse_output("just text", None) == ("", "just text")
     assert parse_output("language English<asr_text>x", "German") == ("German", "language English<asr_text>x")
-    assert parse_output("language ENGLISH<asr_text>" + "no " * 40, None) == ("English", "no")
+    assert parse_output("language ENGLISH<asr_text>" + "la" * 40, None) == ("English", "la")
+    assert parse_output("noise\nlanguage german\n<asr_text>Hallo", None) == ("German", "Hallo")
 
 
 # (e) joining --------------------------------------------------------------------------------------

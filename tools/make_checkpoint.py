@@ -63,7 +63,13 @@ PREPROCESSOR_CONFIG = {
     "return_attention_mask": True,
     "sampling_rate": 16000,
 }
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.json", "tokenizer.json")
+TOKENIZER_FILES = (
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "chat_template.json",
+    "tokenizer.json",
+)
 # Logit spread of the tied head; ~8 keeps greedy decoding from collapsing onto one token.
 TARGET_LOGIT_STD = 8.0
 
@@ -180,7 +186,10 @@ def random_weights(config: dict, seed: int = 0):
     # The final norm sets the logit scale of the head: unit-rms hidden states times 0.02-std rows.
     yield "thinker.model.norm.weight", near_one(h, TARGET_LOGIT_STD / (0.02 * h**0.5))
     # The release stores the head even when it is tied to the embedding.
-    yield "thinker.lm_head.weight", embed if t["tie_word_embeddings"] else linear(t["vocab_size"], h) * 0.02 * h**0.5
+    yield (
+        "thinker.lm_head.weight",
+        embed if t["tie_word_embeddings"] else linear(t["vocab_size"], h) * 0.02 * h**0.5,
+    )
 
 
 def _save(tensors: dict, path: Path) -> None:
@@ -252,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer-dir", default=None, help="directory with vocab.json, merges.txt, ...")
     ap.add_argument("--shard-mb", type=float, default=None, help="split weights into shards of this size")
-    ap.add_argument("--untied", action="store_true", help="write a separate lm_head (tie_word_embeddings false)")
+    ap.add_argument(
+        "--untied", action="store_true", help="write a separate lm_head (tie_word_embeddings false)"
+    )
     args = ap.parse_args(argv)
     path = write_checkpoint(
         args.output, args.preset, args.seed, args.tokenizer_dir, args.shard_mb, not args.untied

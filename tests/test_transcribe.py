@@ -1,0 +1,90 @@
+"""The transcription API on a tiny random-weight checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+from reference import test_signal
+
+import mlx_qwen3asr
+from mlx_qwen3asr import generate
+from mlx_qwen3asr import transcribe as transcribe_module
+from mlx_qwen3asr.generate import ends_in_loop, token_budget
+
+
+@pytest.fixture(scope="module")
+def model(checkpoints):
+    return mlx_qwen3asr.load(checkpoints("tiny"))
+
+
+def test_long_audio_is_split_into_contiguous_segments_of_bounded_length(model):
+    wav = test_signal(65.0, seed=3)
+    result = mlx_qwen3asr.transcribe(model, wav, max_segment_seconds=30.0)
+    assert len(result.segments) == 3
+    assert result.segments[0].start == 0.0
+    assert result.segments[-1].end == pytest.approx(65.0)
+    for a, b in zip(result.segments, result.segments[1:]):
+        assert a.end == b.start
+    assert all(s.end - s.start <= 30.0 + 1e-9 for s in result.segments)
+    assert result.duration == pytest.approx(65.0)
+
+
+def test_a_file_path_and_a_list_of_inputs(model, tmp_path):
+    wav = test_signal(3.0, seed=4)
+    path = tmp_path / "clip.flac"
+    sf.write(path, wav, 16000)
+    results = mlx_qwen3asr.transcribe(model, [str(path), (wav, 16000)])
+    assert isinstance(results, list) and len(results) == 2
+    assert results[0].source == str(path)
+    assert results[1].source is None
+    # Same audio through both routes gives the same tokens.
+    assert results[0].text == results[1].text
+
+
+def test_forced_language_by_code_is_reported_and_placed_in_the_prompt(model, monkeypatch):
+    prompts = []
+    real = transcribe_module.greedy_generate
+
+    def spy(net, prompt_ids, *args, **kwargs):
+        prompts.append(prompt_ids)
+        return real(net, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(transcribe_module, "greedy_generate", spy)
+    result = mlx_qwen3asr.transcribe(model, test_signal(2.0), language="en")
+    assert result.language == "English"
+    assert all(s.language == "English" for s in result.segments)
+    tail = model.tokenizer.decode(prompts[0][-4:], skip_special_tokens=False)
+    assert tail.endswith("language English<asr_text>")
+
+
+def test_unsupported_language_fails_before_reading_audio(model):
+    with pytest.raises(ValueError, match="Klingon"):
+        mlx_qwen3asr.transcribe(model, "/no/such/file.wav", language="Klingon")
+
+
+def test_a_segment_that_exhausts_its_budget_is_flagged_truncated(model, monkeypatch):
+    monkeypatch.setattr(transcribe_module, "token_budget", lambda seconds: 3)
+    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=5))
+    seg = result.segments[0]
+    assert seg.truncated and result.truncated
+
+
+def test_budget_grows_with_duration():
+    assert token_budget(1.0) < token_budget(10.0) < token_budget(30.0)
+    # Never below one text token per audio token (12.5 per second).
+    assert token_budget(30.0) >= 30 * 12.5
+
+
+def test_loop_detection():
+    assert ends_in_loop([5] * 20)
+    assert ends_in_loop([1, 2, 3] + [7, 8] * 20)
+    assert not ends_in_loop([7, 8] * 19)
+    assert not ends_in_loop(list(range(100)))
+
+
+def test_silence_gives_a_result_without_crashing(model):
+    result = mlx_qwen3asr.transcribe(model, np.zeros(16000 * 2, dtype=np.float32))
+    assert len(result.segments) == 1
+    assert isinstance(result.text, str)
