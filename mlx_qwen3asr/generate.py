@@ -25,6 +25,7 @@ class Generation:
     tokens: list[int]
     truncated: bool  # stopped by the token budget before EOS
     repetitive: bool  # stopped because the output ran into a loop
+    logits: list[mx.array] | None = None  # per step, when asked for (parity checks)
 
 
 def token_budget(seconds: float) -> int:
@@ -54,30 +55,40 @@ def greedy_generate(
     audio_features: mx.array,
     max_new_tokens: int,
     eos_ids: set[int] | frozenset[int],
+    keep_logits: bool = False,
 ) -> Generation:
     """Decode one prompt greedily until EOS, the budget, or a runaway loop."""
     cache = net.make_cache()
     ids = mx.array([prompt_ids], dtype=mx.int32)
     hidden = net.model(net.embed(ids, audio_features), cache=cache)
     # Only the last position goes through the vocabulary head.
-    y = mx.argmax(net.logits(hidden[:, -1, :]), axis=-1)
+    logits = net.logits(hidden[:, -1, :])
+    y = mx.argmax(logits, axis=-1)
     mx.async_eval(y)
 
+    kept: list[mx.array] | None = [] if keep_logits else None
     tokens: list[int] = []
+
+    def done(truncated: bool = False, repetitive: bool = False) -> Generation:
+        return Generation(tokens, truncated=truncated, repetitive=repetitive, logits=kept)
+
     for step in range(max_new_tokens):
+        if kept is not None:
+            kept.append(logits[0])
         next_y = None
         if step + 1 < max_new_tokens:
             hidden = net.model(net.model.embed_tokens(y[:, None]), cache=cache)
-            next_y = mx.argmax(net.logits(hidden[:, -1, :]), axis=-1)
+            logits = net.logits(hidden[:, -1, :])
+            next_y = mx.argmax(logits, axis=-1)
             mx.async_eval(next_y)
         token = int(y.item())
         if token in eos_ids:
-            return Generation(tokens, truncated=False, repetitive=False)
+            return done()
         tokens.append(token)
         if len(tokens) % LOOP_CHECK_EVERY == 0 and ends_in_loop(tokens):
-            return Generation(tokens, truncated=False, repetitive=True)
+            return done(repetitive=True)
         y = next_y
-    return Generation(tokens, truncated=True, repetitive=False)
+    return done(truncated=True)
 
 
 def prefill_logits(net: Qwen3ASR, prompt_ids: list[int], audio_features: mx.array) -> mx.array:

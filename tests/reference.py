@@ -25,7 +25,8 @@ class ReferenceRun:
     input_ids: list[int]
     mel: np.ndarray  # (n_mels, frames)
     encoder: np.ndarray  # (tokens, output_dim)
-    logits: np.ndarray  # (prompt length, vocab)
+    prefill_logits: np.ndarray  # (vocab,) at the last prompt position: what picks the first token
+    step_logits: np.ndarray  # (steps, vocab): the logits of every greedy step
     greedy_ids: list[int]
 
 
@@ -93,21 +94,33 @@ class OfficialReference:
         return out.numpy()
 
     @torch.no_grad()
-    def run(
-        self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32
-    ) -> ReferenceRun:
+    def run(self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32) -> ReferenceRun:
+        """One official greedy `generate` call; the encoder output is captured on the way."""
         inputs = self.inputs(wav, context, language)
         frames = int(inputs["feature_attention_mask"].sum())
-        mel = inputs["input_features"][0, :, :frames].numpy()
-        with self.windowed():
-            logits = self.model.thinker(**inputs).logits[0].numpy()
-            out = self.model.generate(**inputs, max_new_tokens=steps, do_sample=False, pad_token_id=151643)
+        captured = []
+        hook = self.model.thinker.audio_tower.register_forward_hook(
+            lambda module, args, output: captured.append(output.last_hidden_state.numpy().copy())
+        )
+        try:
+            with self.windowed():
+                out = self.model.generate(
+                    **inputs,
+                    max_new_tokens=steps,
+                    do_sample=False,
+                    pad_token_id=151643,
+                    output_logits=True,
+                )
+        finally:
+            hook.remove()
         prompt_len = inputs["input_ids"].shape[1]
+        logits = torch.cat(list(out.logits), dim=0).float().numpy()
         return ReferenceRun(
             input_ids=inputs["input_ids"][0].tolist(),
-            mel=mel,
-            encoder=self.encode(mel),
-            logits=logits,
+            mel=inputs["input_features"][0, :, :frames].numpy(),
+            encoder=captured[0],
+            prefill_logits=logits[0],
+            step_logits=logits,
             greedy_ids=out.sequences[0, prompt_len:].tolist(),
         )
 
