@@ -1,0 +1,627 @@
+"""mlxasr: transcribe audio and video files and folders to TXT, SRT, WebVTT and JSON."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from mlx_qwen3asr import __version__
+from mlx_qwen3asr.audio import AudioError
+from mlx_qwen3asr.batch import (
+    AudioPrefetcher,
+    Job,
+    TranscribeOptions,
+    estimate_duration,
+    find_inputs,
+    is_up_to_date,
+    plan_jobs,
+    transcribe_job,
+)
+from mlx_qwen3asr.loading import DTYPES, ASRModel, load
+from mlx_qwen3asr.prompt import resolve_language
+from mlx_qwen3asr.subtitles import CueOptions, format_timestamp
+from mlx_qwen3asr.transcribe import DEFAULT_MAX_SEGMENT_SECONDS, Segment
+from mlx_qwen3asr.writers import FORMATS
+
+DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+MODEL_ENV = "MLXASR_MODEL"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+DESCRIPTION = """\
+Transcribe audio and video files with Qwen3-ASR on MLX. Folders are searched recursively
+(hidden files skipped). Each output goes beside its input, named like the input without its
+extension ("talk.m4a" -> "talk.srt"), or under --output-dir mirroring the folder tree.
+Files whose outputs are all newer than the input are skipped, so an interrupted run resumes."""
+
+EPILOG = f"""\
+examples:
+  mlxasr ./recordings --srt
+  mlxasr talk.m4a interview.wav -f srt,vtt,json -o subtitles/
+  mlxasr ./lectures --txt --language en --context-file names.txt
+
+exit status:
+  {EXIT_OK}    every file was transcribed, or skipped because its outputs are up to date
+  {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, output not
+       writable); the other files were still processed, the summary lists the failures
+  {EXIT_USAGE}    usage error (bad option, unknown --language, unreadable --context-file, none of
+       the PATHs exists) or the model could not be loaded; nothing is written
+  {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
+       are left, and rerunning resumes ({EXIT_TERMINATED} for SIGTERM)
+
+The model is loaded only when there is something to transcribe; the default model can be set
+with the {MODEL_ENV} environment variable."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so that the same cleanup as for Ctrl-C runs."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+@contextmanager
+def _signal_handlers() -> Iterator[None]:
+    # Ctrl-C raises KeyboardInterrupt even when the parent started us with SIGINT ignored.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+# --- arguments ----------------------------------------------------------------------------------
+
+
+def _format_list(value: str) -> list[str]:
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("empty format list")
+    for name in names:
+        if name != "all" and name not in FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
+            )
+    return names
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not (x > 0 and x != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The mlxasr argument parser."""
+    p = argparse.ArgumentParser(
+        prog="mlxasr",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="audio or video files and folders")
+
+    out = p.add_argument_group("output (without a format option, a .txt transcript is written)")
+    for fmt, text in (
+        ("txt", "plain-text transcript, one paragraph per segment"),
+        ("srt", "SubRip subtitles"),
+        ("vtt", "WebVTT subtitles"),
+        ("json", "text, language, segments with flags, cues, model and options"),
+    ):
+        out.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=text)
+    out.add_argument(
+        "-f",
+        "--output-format",
+        dest="format_lists",
+        action="append",
+        type=_format_list,
+        metavar="FMT",
+        help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+    )
+    out.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="write outputs under DIR, mirroring the tree below each folder argument (default: beside inputs)",
+    )
+    out.add_argument(
+        "--overwrite", action="store_true", help="transcribe again even if the outputs are up to date"
+    )
+    out.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
+
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
+        metavar="M",
+        help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
+    )
+    model.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
+    )
+
+    rec = p.add_argument_group("recognition")
+    rec.add_argument(
+        "--language",
+        metavar="L",
+        help="force the language, by name or code (English, en, zh, ...); default: detect per segment",
+    )
+    ctx = rec.add_mutually_exclusive_group()
+    ctx.add_argument("--context", metavar="TEXT", help="text that biases recognition: names, terms, topic")
+    ctx.add_argument("--context-file", type=Path, metavar="F", help="read the --context text from a file")
+    rec.add_argument(
+        "--max-segment-seconds",
+        type=_positive_float,
+        default=DEFAULT_MAX_SEGMENT_SECONDS,
+        metavar="S",
+        help=f"longest piece of audio given to the model at once, cut at the quietest point "
+        f"(default: {DEFAULT_MAX_SEGMENT_SECONDS:g})",
+    )
+    rec.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="number of files whose audio is decoded ahead, in the background, while the current one "
+        "is transcribed (default: 1); files are transcribed one at a time",
+    )
+
+    cues = p.add_argument_group("subtitle cues")
+    defaults = CueOptions()
+    cues.add_argument(
+        "--max-line-width",
+        type=_positive_int,
+        default=defaults.max_width,
+        metavar="N",
+        help=f"display cells per line; CJK characters count two (default: {defaults.max_width})",
+    )
+    cues.add_argument(
+        "--max-line-count",
+        type=_positive_int,
+        default=defaults.max_lines,
+        metavar="N",
+        help=f"lines per cue (default: {defaults.max_lines})",
+    )
+    cues.add_argument(
+        "--max-cue-seconds",
+        type=_positive_float,
+        default=defaults.max_duration,
+        metavar="S",
+        help=f"longest time a cue stays on screen, where the text can be split (default: {defaults.max_duration:g})",
+    )
+
+    talk = p.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    talk.add_argument(
+        "-v", "--verbose", action="store_true", help="print each segment's text as it is recognised"
+    )
+    p.add_argument("--version", action="version", version=f"mlxasr {__version__}")
+    return p
+
+
+def _formats(args: argparse.Namespace) -> list[str]:
+    chosen = set(args.formats or [])
+    for names in args.format_lists or []:
+        chosen.update(FORMATS if "all" in names else names)
+    return [f for f in FORMATS if f in chosen] or ["txt"]
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def _printable(text: str) -> str:
+    # File names that are not valid UTF-8 carry surrogate escapes, which no stream can encode.
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _seconds(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f} s"
+    m, s = divmod(int(round(s)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+@dataclass
+class Summary:
+    done: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    audio_seconds: float = 0.0
+    work_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    interrupted: bool = False
+    processed: int = 0  # files transcribed or failed in this run
+    remaining: int = 0
+
+    @property
+    def speed(self) -> float:
+        return self.audio_seconds / self.work_seconds if self.work_seconds > 0 else 0.0
+
+
+class _Realtime(ProgressColumn):
+    """Audio seconds per wall-clock second."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:.1f}x realtime" if task.speed else "", style="cyan")
+
+
+class Reporter:
+    """Progress and messages: a rich progress bar on a terminal, plain log lines otherwise,
+    nothing but errors when quiet. Errors and warnings go to stderr."""
+
+    def __init__(self, out: TextIO, err: TextIO, *, quiet: bool = False, verbose: bool = False) -> None:
+        self.out, self.err = out, err
+        self.quiet, self.verbose = quiet, verbose
+        self.console = Console(file=out, highlight=False, soft_wrap=True)
+        self.rich = not quiet and self.console.is_terminal
+        self._progress: Progress | None = None
+        self._task = None
+        self._done_seconds = 0.0
+        self._remaining_estimate = 0.0
+        self._file_estimate = 0.0
+
+    def write(self, stream: TextIO, line: str) -> None:
+        """One line to a stream, whatever the mode."""
+        line = _printable(line)
+        try:
+            stream.write(line + "\n")
+        except UnicodeEncodeError:
+            enc = getattr(stream, "encoding", None) or "ascii"
+            stream.write(line.encode(enc, "backslashreplace").decode(enc) + "\n")
+        stream.flush()
+
+    def info(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(Text(_printable(line)))
+        else:
+            self.write(self.out, line)
+
+    def _problem(self, kind: str, line: str, style: str) -> None:
+        line = f"{kind}: {_one_line(line)}"
+        if self._progress is not None and self.err.isatty():
+            # Same terminal: print above the live bar instead of tearing through it.
+            self._progress.console.print(Text(_printable(line), style=style))
+        else:
+            self.write(self.err, line)
+
+    def error(self, line: str) -> None:
+        self._problem("error", line, "red")
+
+    def warning(self, line: str) -> None:
+        if not self.quiet:
+            self._problem("warning", line, "yellow")
+
+    # Progress over the audio of the files being transcribed.
+
+    def start(self, estimates: Sequence[float]) -> None:
+        self._remaining_estimate = float(sum(estimates))
+        if not self.rich:
+            return
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            _Realtime(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            redirect_stderr=self.err.isatty(),
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("", total=max(self._remaining_estimate, 1e-6))
+
+    def file_started(self, index: int, count: int, job: Job, estimate: float) -> None:
+        self._file_estimate = estimate
+        label = f"[{index + 1}/{count}] {job.path}"
+        if self._progress is not None:
+            self._progress.update(self._task, description=escape(_printable(label)))
+        else:
+            self.info(f"{label} ({_seconds(estimate)})")
+
+    def segment(self, seg: Segment) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, seg.end - seg.start)
+        if self.verbose:
+            stamp = f"{format_timestamp(seg.start, '.')} --> {format_timestamp(seg.end, '.')}"
+            self.info(f"  [{stamp}] {_one_line(seg.text)}")
+
+    def file_finished(self, actual_seconds: float | None) -> None:
+        """Replace the file's estimated duration by what it really was (None: it failed)."""
+        self._remaining_estimate -= self._file_estimate
+        self._done_seconds += actual_seconds or 0.0
+        if self._progress is not None:
+            total = self._done_seconds + self._remaining_estimate
+            self._progress.update(self._task, completed=self._done_seconds, total=max(total, 1e-6))
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def summary(self, s: Summary) -> None:
+        if self.quiet:
+            return
+        hours = s.audio_seconds / 3600
+        if self.rich:
+            table = Table(title="mlxasr summary", show_header=False, title_justify="left")
+            table.add_column(style="bold")
+            table.add_column(justify="right")
+            table.add_row("transcribed", str(s.done))
+            table.add_row("skipped (up to date)", str(s.skipped))
+            table.add_row("failed", str(len(s.failed)), style="red" if s.failed else None)
+            if s.interrupted:
+                table.add_row("not finished (interrupted)", str(s.remaining), style="yellow")
+            table.add_row("audio", f"{hours:.2f} h ({_seconds(s.audio_seconds)})")
+            table.add_row("wall time", _seconds(s.wall_seconds))
+            table.add_row("speed", f"{s.speed:.1f}x realtime")
+            self.console.print(table)
+            if s.failed:
+                failures = Table(title="failed", title_justify="left")
+                failures.add_column("file", overflow="fold")
+                failures.add_column("reason", overflow="fold")
+                for path, reason in s.failed:
+                    failures.add_row(_printable(path), _printable(reason))
+                self.console.print(failures)
+            return
+        state = "interrupted" if s.interrupted else "summary"
+        line = f"{state}: {s.done} transcribed, {s.skipped} skipped, {len(s.failed)} failed"
+        if s.interrupted:
+            line += f", {s.remaining} not finished"
+        line += f"; {hours:.2f} h of audio in {_seconds(s.wall_seconds)} wall time ({s.speed:.1f}x realtime)"
+        self.write(self.out, line)
+        for path, reason in s.failed:
+            self.write(self.out, f"  failed: {path}: {reason}")
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def _model_error(model: str, e: BaseException) -> str:
+    reason = _one_line(str(e)) or type(e).__name__
+    for prefix in (model, str(Path(model).expanduser())):
+        if reason.startswith(prefix + ": "):
+            reason = reason[len(prefix) + 2 :]
+    return f"model {model}: {reason}"
+
+
+def _write_error(e: OSError) -> str:
+    where = f" in {Path(e.filename).parent}" if e.filename else ""
+    return f"cannot write output{where} ({(e.strerror or str(e)).lower()})"
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    started = time.monotonic()
+    # Checks that need neither the model nor any audio come first.
+    try:
+        language = resolve_language(args.language)
+    except ValueError as e:
+        parser.error(f"argument --language: {e}")
+    context = args.context or ""
+    if args.context_file is not None:
+        try:
+            context = args.context_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            parser.error(f"argument --context-file: {args.context_file}: {reason}")
+    if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
+        parser.error(f"argument -o/--output-dir: {args.output_dir} is not a folder")
+    formats = _formats(args)
+    cue_options = CueOptions(
+        max_width=args.max_line_width,
+        max_lines=args.max_line_count,
+        max_duration=args.max_cue_seconds,
+        min_duration=min(CueOptions.min_duration, args.max_cue_seconds),
+    )
+    options = TranscribeOptions(
+        language=language,
+        context=context,
+        max_segment_seconds=args.max_segment_seconds,
+        cues=cue_options,
+    )
+
+    report = Reporter(out, err, quiet=args.quiet, verbose=args.verbose)
+    summary = Summary()
+    inputs, input_errors = find_inputs(args.paths)
+    for problem in input_errors:
+        report.error(str(problem))
+        summary.failed.append((problem.path, problem.reason))
+    if not any(os.path.exists(p) for p in args.paths):
+        return EXIT_USAGE
+    if not inputs:
+        report.warning("no audio or video files found in " + ", ".join(map(str, args.paths)))
+
+    jobs = plan_jobs(inputs, formats, args.output_dir)
+    needed = [args.overwrite or not is_up_to_date(j) for j in jobs]
+    todo = [j for j, n in zip(jobs, needed) if n]
+    skipped = [j for j, n in zip(jobs, needed) if not n]
+    summary.skipped = len(skipped)
+
+    if args.dry_run:
+        for job, need in zip(jobs, needed):
+            outputs = ", ".join(str(p) for p in job.outputs.values())
+            verb = "transcribe" if need else "skip (up to date)"
+            report.write(out, _printable(f"{verb}: {job.path} -> {outputs}"))
+        report.write(
+            out, f"dry run: {len(todo)} to transcribe, {len(skipped)} up to date, {len(input_errors)} failed"
+        )
+        return EXIT_FAILED if input_errors else EXIT_OK
+
+    if skipped:
+        report.info(f"skipping {len(skipped)} file(s) whose outputs are up to date (--overwrite redoes them)")
+        if args.verbose:
+            for job in skipped:
+                report.info(f"  skipped {job.path}")
+
+    status = EXIT_OK
+    if todo:
+        try:
+            status = _transcribe_all(todo, args, options, report, summary)
+        except KeyboardInterrupt:
+            status = EXIT_INTERRUPTED
+        except _Terminated:
+            status = EXIT_TERMINATED
+        finally:
+            report.stop()
+        if status == EXIT_USAGE:
+            return status
+    summary.interrupted = status in (EXIT_INTERRUPTED, EXIT_TERMINATED)
+    summary.remaining = len(todo) - summary.processed
+    summary.wall_seconds = time.monotonic() - started
+    if summary.interrupted:
+        report.write(err, "mlxasr: interrupted; finished files are kept, rerun to resume")
+    report.summary(summary)
+    if summary.interrupted:
+        return status
+    return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+def _transcribe_all(
+    todo: list[Job], args: argparse.Namespace, options: TranscribeOptions, report: Reporter, summary: Summary
+) -> int:
+    report.info(f"loading model {args.model}")
+    t0 = time.monotonic()
+    try:
+        model = load(args.model, dtype=args.dtype)
+    except Exception as e:  # missing, unreadable or mismatched checkpoints all stop the run here
+        report.error(_model_error(args.model, e))
+        return EXIT_USAGE
+    report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")
+
+    estimates = [estimate_duration(j.path) for j in todo]
+    report.start(estimates)
+    with AudioPrefetcher([j.path for j in todo], ahead=args.batch_size) as audio:
+        for i, job in enumerate(todo):
+            report.file_started(i, len(todo), job, estimates[i])
+            t = time.monotonic()
+            try:
+                wav = audio.get(i)
+                seconds = _transcribe_one(model, job, wav, args, options, report)
+            except AudioError as e:
+                reason = e.reason
+            except OSError as e:
+                reason = _write_error(e)
+            except Exception as e:  # a failure in one file must not end the batch
+                reason = f"{type(e).__name__}: {_one_line(str(e))}"
+            else:
+                reason = None
+            summary.processed += 1
+            if reason is not None:
+                summary.failed.append((str(job.path), reason))
+                report.error(f"{job.path}: {reason}")
+                report.file_finished(None)
+                continue
+            elapsed = time.monotonic() - t
+            summary.done += 1
+            summary.audio_seconds += seconds
+            summary.work_seconds += elapsed
+            report.file_finished(seconds)
+            speed = f"{seconds / max(elapsed, 1e-9):.1f}x realtime"
+            report.info(
+                f"[{i + 1}/{len(todo)}] done {job.path}: {_seconds(seconds)} of audio in {elapsed:.1f} s ({speed})"
+            )
+    return EXIT_OK
+
+
+def _transcribe_one(
+    model: ASRModel,
+    job: Job,
+    wav: np.ndarray,
+    args: argparse.Namespace,
+    options: TranscribeOptions,
+    report: Reporter,
+) -> float:
+    """Transcribe and write one file; returns its audio duration in seconds."""
+    res = transcribe_job(model, job, wav, options, model_name=args.model, on_segment=report.segment)
+    if res.silent:
+        report.warning(f"{job.path}: silent audio, nothing to transcribe; the outputs are empty")
+    flagged = [s for s in res.transcription.segments if s.truncated or s.repetitive]
+    if flagged:
+        report.warning(
+            f"{job.path}: {len(flagged)} segment(s) ran into a loop or the token limit; "
+            "their text may be incomplete (flagged in JSON output)"
+        )
+    if args.verbose:
+        report.info("  wrote " + ", ".join(str(p) for p in job.outputs.values()))
+    return res.transcription.duration
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run mlxasr with the given arguments (default: sys.argv[1:]); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        with _signal_handlers():
+            return _run(parser, args, sys.stdout, sys.stderr)
+    except SystemExit as e:  # argparse's usage errors, --help and --version
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
+    except KeyboardInterrupt:  # before any file was being transcribed, e.g. while walking folders
+        print("mlxasr: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        print("mlxasr: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

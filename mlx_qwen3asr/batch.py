@@ -1,0 +1,389 @@
+"""Batch transcription of files and folders: finding inputs, naming outputs, resuming, writing.
+
+The pieces are independent of any user interface; the `mlxasr` command drives them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from .audio import AUDIO_EXTENSIONS, SAMPLE_RATE, load_audio
+from .loading import ASRModel
+from .prompt import resolve_language
+from .subtitles import Cue, CueOptions, build_cues
+from .transcribe import DEFAULT_MAX_SEGMENT_SECONDS, Segment, Transcription, transcribe_waveform
+from .writers import FORMATS, atomic_write_files, render
+
+__all__ = [
+    "AudioPrefetcher",
+    "InputError",
+    "InputFile",
+    "Job",
+    "JobResult",
+    "TranscribeOptions",
+    "estimate_duration",
+    "find_inputs",
+    "is_audio_name",
+    "is_silent",
+    "is_up_to_date",
+    "output_stem",
+    "plan_jobs",
+    "probe_duration",
+    "transcribe_job",
+]
+
+# Peak below which a file is treated as silence (-80 dBFS): nothing to transcribe.
+SILENCE_PEAK = 1e-4
+# Bytes per second assumed for a compressed file whose length cannot be read cheaply (128 kbit/s).
+_ASSUMED_BYTES_PER_SECOND = 16_000
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: Path  # as found: the argument, or the folder argument joined with the relative path
+    root: Path | None = None  # the folder argument it was found under; None when named directly
+
+    @property
+    def relative(self) -> Path:
+        """Path under its folder argument (just the name for a file named directly)."""
+        return self.path.relative_to(self.root) if self.root is not None else Path(self.path.name)
+
+
+@dataclass(frozen=True)
+class InputError:
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def is_audio_name(name: str) -> bool:
+    """Whether a file name has an audio or video extension that load_audio handles (any case)."""
+    ext = os.path.splitext(name)[1]
+    return ext[1:].lower() in AUDIO_EXTENSIONS
+
+
+def _reason(e: OSError) -> str:
+    if isinstance(e, FileNotFoundError):
+        return "no such file or directory"
+    if isinstance(e, PermissionError):
+        return "permission denied"
+    return (e.strerror or str(e)).lower()
+
+
+class _Finder:
+    def __init__(self) -> None:
+        self.files: list[InputFile] = []
+        self.errors: list[InputError] = []
+        self.seen_files: set[tuple[int, int]] = set()
+        # Real identities of walked folders: a symlink loop or a folder reached twice is walked once.
+        self.seen_dirs: set[tuple[int, int]] = set()
+
+    def add_file(self, path: Path, st: os.stat_result, root: Path | None) -> None:
+        key = (st.st_dev, st.st_ino)
+        if key not in self.seen_files:
+            self.seen_files.add(key)
+            self.files.append(InputFile(path, root))
+
+    def walk(self, folder: Path, root: Path) -> None:
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            self.errors.append(InputError(str(folder), f"cannot read folder ({_reason(e)})"))
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = folder / entry.name
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                try:
+                    st = entry.stat()
+                except OSError as e:
+                    self.errors.append(InputError(str(path), _reason(e)))
+                    continue
+                if (st.st_dev, st.st_ino) not in self.seen_dirs:
+                    self.seen_dirs.add((st.st_dev, st.st_ino))
+                    self.walk(path, root)
+            elif is_audio_name(entry.name):
+                try:
+                    st = entry.stat()
+                except OSError as e:
+                    reason = "broken symbolic link" if entry.is_symlink() else _reason(e)
+                    self.errors.append(InputError(str(path), reason))
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    self.add_file(path, st, root)
+
+    def add_argument(self, arg: str | os.PathLike[str]) -> None:
+        path = Path(arg)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            self.errors.append(InputError(os.fspath(arg), _reason(e)))
+            return
+        if stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) not in self.seen_dirs:
+                self.seen_dirs.add((st.st_dev, st.st_ino))
+                self.walk(path, path)
+        else:
+            # Named explicitly: attempted whatever its extension, and fails cleanly if it is not audio.
+            self.add_file(path, st, None)
+
+
+def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[InputFile], list[InputError]]:
+    """Audio and video files under the given files and folders, in argument order, folders walked
+    recursively in sorted name order.
+
+    Hidden files and folders (leading dot) are skipped inside folders; a file reached twice (named
+    twice, through a link, inside two arguments) is listed once. Paths that do not exist or cannot be
+    read come back as errors.
+    """
+    finder = _Finder()
+    for arg in paths:
+        finder.add_argument(arg)
+    return finder.files, finder.errors
+
+
+def output_stem(name: str) -> str:
+    """An input's file name without its audio extension ("meeting.2024.01.m4a" -> "meeting.2024.01").
+
+    A name without an audio extension is kept whole, so an output never replaces its input.
+    """
+    base, ext = os.path.splitext(name)
+    return base if base and ext[1:].lower() in AUDIO_EXTENSIONS else name
+
+
+@dataclass
+class Job:
+    input: InputFile
+    outputs: dict[str, Path]  # format -> output path, in FORMATS order
+
+    @property
+    def path(self) -> Path:
+        return self.input.path
+
+
+def _key(path: Path) -> str:
+    # Case-insensitive, so names that differ only in case do not collide on macOS volumes.
+    return os.path.normcase(os.path.abspath(path)).casefold()
+
+
+def plan_jobs(
+    inputs: Sequence[InputFile],
+    formats: Iterable[str],
+    output_dir: str | os.PathLike[str] | None = None,
+) -> list[Job]:
+    """Output paths for each input: beside it, or under output_dir mirroring the tree below the folder
+    argument it came from. Two inputs that would share an output name keep their extension
+    ("a.wav.srt", "a.mp3.srt"); if that still collides, a counter is added ("a (2).srt").
+    """
+    requested = set(formats)
+    fmts = [f for f in FORMATS if f in requested]
+    unknown = requested - set(FORMATS)
+    if unknown:
+        raise ValueError(f"unknown output format(s) {', '.join(sorted(unknown))}: use {', '.join(FORMATS)}")
+    out_root = Path(output_dir) if output_dir is not None else None
+    folders = [inp.path.parent if out_root is None else out_root / inp.relative.parent for inp in inputs]
+    taken_by_inputs = {_key(inp.path) for inp in inputs}
+
+    def paths(folder: Path, stem: str) -> list[Path]:
+        return [folder / f"{stem}.{fmt}" for fmt in fmts]
+
+    stems = [output_stem(inp.path.name) for inp in inputs]
+    groups: dict[str, list[int]] = {}
+    for i, (folder, stem) in enumerate(zip(folders, stems)):
+        groups.setdefault(_key(folder / stem), []).append(i)
+    for members in groups.values():
+        names = [inputs[i].path.name for i in members]
+        # Keeping the extension only helps when the full names differ ("a.wav", "a.mp3").
+        if len(members) > 1 and len({n.casefold() for n in names}) == len(names):
+            for i, name in zip(members, names):
+                stems[i] = name
+
+    used: set[str] = set(taken_by_inputs)
+    jobs: list[Job] = []
+    for inp, folder, stem in zip(inputs, folders, stems):
+        candidate, n = stem, 1
+        while any(_key(p) in used for p in paths(folder, candidate)):
+            n += 1
+            candidate = f"{stem} ({n})"
+        chosen = paths(folder, candidate)
+        used.update(_key(p) for p in chosen)
+        jobs.append(Job(inp, dict(zip(fmts, chosen))))
+    return jobs
+
+
+def is_up_to_date(job: Job) -> bool:
+    """Whether every output exists and was modified after the input."""
+    try:
+        source = os.stat(job.path).st_mtime_ns
+    except OSError:
+        return False
+    for out in job.outputs.values():
+        try:
+            st = os.stat(out)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_mtime_ns <= source:
+            return False
+    return bool(job.outputs)
+
+
+def probe_duration(path: str | os.PathLike[str]) -> float | None:
+    """Duration in seconds from the file header, for formats libsndfile reads; None otherwise."""
+    try:
+        info = sf.info(os.fspath(path))
+    except Exception:  # any format or I/O problem just means "unknown"
+        return None
+    if info.samplerate > 0 and info.frames > 0:
+        return info.frames / info.samplerate
+    return None
+
+
+def estimate_duration(path: str | os.PathLike[str]) -> float:
+    """probe_duration, or a guess from the file size at a typical compressed bit rate; 0 if unreadable."""
+    seconds = probe_duration(path)
+    if seconds is not None:
+        return seconds
+    try:
+        return os.path.getsize(path) / _ASSUMED_BYTES_PER_SECOND
+    except OSError:
+        return 0.0
+
+
+def is_silent(wav: np.ndarray) -> bool:
+    """No sample reaches SILENCE_PEAK: digital silence or close to it."""
+    # max and min avoid the full-size temporary that abs() would allocate for long files.
+    return wav.size == 0 or max(float(np.max(wav)), -float(np.min(wav))) < SILENCE_PEAK
+
+
+class AudioPrefetcher:
+    """Decodes the audio of upcoming files in a background thread while the current one is transcribed.
+
+    get(i) must be called for i = 0, 1, 2, ...; it returns the waveform or raises what the loader
+    raised. `ahead` files beyond the requested one are decoded in advance (0: decode on demand).
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        ahead: int = 1,
+        loader: Callable[[str | os.PathLike[str]], np.ndarray] = load_audio,
+    ) -> None:
+        self._paths = list(paths)
+        self._ahead = max(0, int(ahead))
+        self._loader = loader
+        self._futures: deque[tuple[int, Future[np.ndarray]]] = deque()
+        self._submitted = 0
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-decode") if self._ahead else None
+        )
+
+    def get(self, index: int) -> np.ndarray:
+        if self._pool is None:
+            return self._loader(self._paths[index])
+        while self._submitted <= min(index + self._ahead, len(self._paths) - 1):
+            self._futures.append(
+                (self._submitted, self._pool.submit(self._loader, self._paths[self._submitted]))
+            )
+            self._submitted += 1
+        while self._futures and self._futures[0][0] < index:
+            self._futures.popleft()[1].cancel()
+        i, future = self._futures.popleft()
+        if i != index:
+            raise IndexError(f"audio {index} requested out of order")
+        return future.result()
+
+    def close(self) -> None:
+        """Drop pending work without waiting for a decode in progress."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._futures.clear()
+
+    def __enter__(self) -> AudioPrefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = None
+    context: str = ""
+    max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS
+    cues: CueOptions = field(default_factory=CueOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as recorded in JSON output."""
+        return {
+            "language": self.language,
+            "context": self.context,
+            "max_segment_seconds": self.max_segment_seconds,
+            "max_line_width": self.cues.max_width,
+            "max_line_count": self.cues.max_lines,
+            "max_cue_seconds": self.cues.max_duration,
+        }
+
+
+@dataclass
+class JobResult:
+    transcription: Transcription
+    cues: list[Cue]
+    silent: bool = False
+
+
+def transcribe_job(
+    model: ASRModel,
+    job: Job,
+    wav: np.ndarray,
+    options: TranscribeOptions,
+    *,
+    model_name: str | None = None,
+    on_segment: Callable[[Segment], None] | None = None,
+) -> JobResult:
+    """Transcribe one decoded file and write its outputs atomically.
+
+    Silent audio is not sent to the model (it would only invent text); its outputs are empty.
+    Raises OSError when an output cannot be written; no output is left half-written.
+    """
+    silent = is_silent(wav)
+    if silent:
+        result = Transcription(
+            text="", language=resolve_language(options.language) or "", duration=len(wav) / SAMPLE_RATE
+        )
+    else:
+        result = transcribe_waveform(
+            model,
+            wav,
+            language=options.language,
+            context=options.context,
+            max_segment_seconds=options.max_segment_seconds,
+            on_segment=on_segment,
+        )
+    result.source = str(job.path)
+    cues = build_cues(result.segments, wav, sample_rate=SAMPLE_RATE, options=options.cues)
+    documents = {
+        path: render(fmt, result, cues, model=model_name, options=options.to_dict())
+        for fmt, path in job.outputs.items()
+    }
+    for folder in {p.parent for p in documents}:
+        folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_files(documents)
+    return JobResult(result, cues, silent)

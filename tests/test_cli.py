@@ -1,0 +1,521 @@
+"""The mlxasr command end to end on a tiny random-weight checkpoint, and the batch helpers under it."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx_qwen3asr.cli.main as cli_main
+import numpy as np
+import pytest
+import soundfile as sf
+import srt
+import webvtt
+from mlx_qwen3asr.cli.main import main
+from reference import test_signal
+
+import mlx_qwen3asr.audio as audio_module
+from mlx_qwen3asr.batch import find_inputs, is_up_to_date, output_stem, plan_jobs
+from mlx_qwen3asr.subtitles import text_width
+
+ALL = ["--txt", "--srt", "--vtt", "--json"]
+SRT_TIMING = re.compile(r"^\d{2,}:[0-5]\d:[0-5]\d,\d{3} --> \d{2,}:[0-5]\d:[0-5]\d,\d{3}$")
+VTT_TIMING = re.compile(r"^(\d{2,}):([0-5]\d):([0-5]\d)\.(\d{3}) --> (\d{2,}):([0-5]\d):([0-5]\d)\.(\d{3})$")
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoints) -> str:
+    return str(checkpoints("tiny"))
+
+
+def write_audio(path: Path, seconds: float, seed: int, rate: int = 16000, channels: int = 1) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sig = test_signal(seconds, seed=seed, sample_rate=rate)
+    data = np.stack([sig, 0.5 * sig], axis=1) if channels == 2 else sig
+    if path.suffix == ".m4a":
+        tmp = path.with_suffix(".tmp.wav")
+        sf.write(tmp, data, rate)
+        subprocess.run(
+            ["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", str(tmp), "-c:a", "aac", str(path)], check=True
+        )
+        tmp.unlink()
+    else:
+        sf.write(path, data, rate)
+    return path
+
+
+def make_good_tree(root: Path) -> list[Path]:
+    """Audio in every supported container, nested, with awkward names and a symlink loop."""
+    files = [
+        write_audio(root / "a talk.wav", 3.0, 1, rate=44100, channels=2),
+        write_audio(root / "meeting.2024.01.m4a", 2.0, 2),
+        write_audio(root / "nested" / "deeper" / "ünïcödé 音声.flac", 8.0, 3),
+        write_audio(root / "nested" / "same.mp3", 2.0, 4),
+        write_audio(root / "other" / "same.ogg", 2.0, 5),
+    ]
+    write_audio(root / ".hidden.wav", 1.0, 6)
+    write_audio(root / ".cache" / "x.wav", 1.0, 7)
+    (root / "notes.txt").write_text("not audio, not an input\n", encoding="utf-8")
+    (root / "nested" / "loop").symlink_to(root, target_is_directory=True)
+    return files
+
+
+def make_bad_tree(root: Path) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    bad = {
+        "corrupt": root / "corrupt.wav",
+        "empty": root / "empty.wav",
+        "text": root / "readme.wav",
+        "zero": root / "zero.wav",
+    }
+    bad["corrupt"].write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + os.urandom(200))
+    bad["empty"].write_bytes(b"")
+    bad["text"].write_text("this is a text file, not a wave file\n", encoding="utf-8")
+    sf.write(bad["zero"], np.zeros(0, dtype=np.float32), 16000)
+    return bad
+
+
+def cue_seconds(stamp: str) -> float:
+    h, m, rest = stamp.replace(",", ".").split(":")
+    return int(h) * 3600 + int(m) * 60 + float(rest)
+
+
+def check_cue_rules(cues: list[tuple[float, float, list[str]]]) -> None:
+    prev_end = 0.0
+    for start, end, lines in cues:
+        assert 1 <= len(lines) <= 2, lines
+        assert all(line.strip() and text_width(line) <= 42 for line in lines), lines
+        assert end > start >= prev_end - 1e-9, (start, end, prev_end)
+        if end - start > 7.0:
+            assert len(lines) == 1 and " " not in lines[0], (start, end, lines)
+        prev_end = end
+
+
+def check_outputs(stem: Path, silent: bool = False) -> None:
+    """All four documents of one input exist, parse strictly and agree with each other."""
+    srt_text = stem.with_name(stem.name + ".srt").read_text(encoding="utf-8")
+    assert srt.compose(srt.parse(srt_text)) == srt_text
+    subs = list(srt.parse(srt_text))
+    assert all(SRT_TIMING.match(line) for line in srt_text.splitlines() if "-->" in line)
+    check_cue_rules([(s.start.total_seconds(), s.end.total_seconds(), s.content.split("\n")) for s in subs])
+
+    vtt_path = stem.with_name(stem.name + ".vtt")
+    vtt_text = vtt_path.read_text(encoding="utf-8")
+    assert vtt_text.startswith("WEBVTT\n\n")
+    captions = webvtt.read(str(vtt_path), strict=True).captions
+    timing = [line for line in vtt_text.splitlines() if "-->" in line]
+    assert len(timing) == len(captions) == len(subs)
+    assert all(VTT_TIMING.match(line) for line in timing)
+    vtt_cues = [
+        (cue_seconds(c.start), cue_seconds(c.end), [html.unescape(x) for x in c.lines]) for c in captions
+    ]
+    check_cue_rules(vtt_cues)
+    assert [(a, b, "\n".join(t)) for a, b, t in vtt_cues] == [
+        (s.start.total_seconds(), s.end.total_seconds(), s.content) for s in subs
+    ]
+
+    doc = json.loads(stem.with_name(stem.name + ".json").read_text(encoding="utf-8"))
+    assert set(doc) >= {"text", "language", "duration", "segments", "cues", "model", "options", "source"}
+    assert len(doc["cues"]) == len(subs)
+    assert [c["text"] for c in doc["cues"]] == [s.content for s in subs]
+    txt = stem.with_name(stem.name + ".txt").read_text(encoding="utf-8")
+    if silent:
+        assert subs == [] and doc["segments"] == [] and txt == ""
+    else:
+        assert subs and doc["segments"] and txt.strip()
+        assert all(
+            set(s) == {"start", "end", "text", "language", "truncated", "repetitive"} for s in doc["segments"]
+        )
+        assert doc["duration"] == pytest.approx(doc["segments"][-1]["end"])
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+def temporaries(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".") and p.is_file()]
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_good_tree(Path("good"))
+    bad = make_bad_tree(Path("bad"))
+    args = [
+        "good",
+        "good/a talk.wav",
+        "bad",
+        "-o",
+        "out",
+        *ALL,
+        "--model",
+        ckpt,
+        "--max-segment-seconds",
+        "4",
+    ]
+
+    assert main(args) == 1
+    cap = capsys.readouterr()
+    out = Path("out")
+    expected = ["a talk", "meeting.2024.01", "nested/deeper/ünïcödé 音声", "nested/same", "other/same"]
+    for stem in expected:
+        check_outputs(out / stem)
+    made = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert made == sorted(f"{stem}.{ext}" for stem in expected for ext in ("json", "srt", "txt", "vtt"))
+    # Nothing was written beside the inputs, and no temporary files were left anywhere.
+    assert not list(Path("good").rglob("*.srt")) and not list(Path("bad").rglob("*.txt"))
+    assert temporaries(out) == []
+    # The 8 s file was cut into several segments, and its JSON records the options used.
+    doc = json.loads((out / "nested/deeper/ünïcödé 音声.json").read_text(encoding="utf-8"))
+    assert len(doc["segments"]) >= 2 and doc["options"]["max_segment_seconds"] == 4.0
+    assert doc["model"] == ckpt and doc["source"] == str(Path("good/nested/deeper/ünïcödé 音声.flac"))
+
+    errors = [line for line in cap.err.splitlines() if line.startswith("error:")]
+    assert sorted(errors) == sorted(
+        [
+            f"error: {bad['corrupt']}: " + errors_for(cap.err, bad["corrupt"]),
+            f"error: {bad['empty']}: file is empty",
+            f"error: {bad['text']}: " + errors_for(cap.err, bad["text"]),
+            f"error: {bad['zero']}: contains no audio samples",
+        ]
+    )
+    assert "not an audio file" in errors_for(cap.err, bad["corrupt"])
+    assert "not an audio file" in errors_for(cap.err, bad["text"])
+    assert "summary: 5 transcribed, 0 skipped, 4 failed" in cap.out
+    for path in bad.values():
+        assert f"failed: {path}: " in cap.out
+
+    # Resume: everything is up to date, nothing is touched.
+    before = snapshot(out)
+    assert main(["good", "-o", "out", *ALL, "--model", ckpt]) == 0
+    cap = capsys.readouterr()
+    assert "summary: 0 transcribed, 5 skipped, 0 failed" in cap.out
+    assert "loading model" not in cap.out
+    assert snapshot(out) == before
+
+    # A changed input is redone on the next run; --overwrite redoes one that is up to date.
+    time.sleep(0.01)
+    os.utime("good/other/same.ogg")
+    assert main(["good", "-o", "out", "--srt", "--model", ckpt]) == 0
+    assert "summary: 1 transcribed, 4 skipped, 0 failed" in capsys.readouterr().out
+    after = snapshot(out)
+    assert after["other/same.srt"][0] > before["other/same.srt"][0]
+    assert after["a talk.srt"] == before["a talk.srt"]
+
+    assert main(["good/a talk.wav", "-o", "out", *ALL, "--model", ckpt, "--overwrite"]) == 0
+    assert "summary: 1 transcribed, 0 skipped, 0 failed" in capsys.readouterr().out
+    final = snapshot(out)
+    for ext in ("srt", "vtt", "json", "txt"):
+        assert final[f"a talk.{ext}"][0] > before[f"a talk.{ext}"][0]
+    assert final["nested/same.srt"] == before["nested/same.srt"]
+    check_outputs(out / "a talk")
+
+
+def errors_for(stderr: str, path: Path) -> str:
+    prefix = f"error: {path}: "
+    (line,) = [line for line in stderr.splitlines() if line.startswith(prefix)]
+    return line[len(prefix) :]
+
+
+def test_outputs_beside_inputs_keep_the_extension_when_names_collide(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXASR_MODEL", ckpt)
+    rec = Path("rec")
+    write_audio(rec / "a.wav", 1.5, 1)
+    write_audio(rec / "a.MP3", 1.5, 2)
+    write_audio(rec / "meeting.2024.01.m4a", 1.5, 3)
+    assert main(["rec", "--batch-size", "3"]) == 0
+    names = sorted(p.name for p in rec.iterdir())
+    assert names == ["a.MP3", "a.MP3.txt", "a.wav", "a.wav.txt", "meeting.2024.01.m4a", "meeting.2024.01.txt"]
+    assert all((rec / n).read_text(encoding="utf-8").strip() for n in names if n.endswith(".txt"))
+    assert "summary: 3 transcribed" in capsys.readouterr().out
+
+
+def test_format_option_lists_and_all(tmp_path, ckpt, capsys):
+    src = write_audio(tmp_path / "x.wav", 1.5, 1)
+    assert main([str(src), "-f", "srt,vtt", "-f", "json", "--model", ckpt]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.srt", "x.vtt", "x.wav"]
+    assert main([str(src), "-f", "all", "--model", ckpt, "--overwrite"]) == 0
+    assert (tmp_path / "x.txt").exists()
+    check_outputs(tmp_path / "x")
+    capsys.readouterr()
+
+
+def test_unreadable_silent_and_ffmpeg_less_inputs_are_reported_and_the_batch_goes_on(
+    tmp_path, ckpt, capsys, monkeypatch
+):
+    locked = write_audio(tmp_path / "locked.wav", 1.0, 1)
+    locked.chmod(0)
+    real_open = open
+
+    def guarded_open(file, *args, **kwargs):
+        # Root reads any file whatever its mode; refuse this one as the kernel would for others.
+        if os.fspath(file) == str(locked):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(audio_module, "open", guarded_open, raising=False)
+    silent = tmp_path / "silent.wav"
+    sf.write(silent, np.zeros(32000, dtype=np.float32), 16000)
+    m4a = write_audio(tmp_path / "clip.m4a", 1.0, 2)
+    write_audio(tmp_path / "good.flac", 1.5, 3)
+    monkeypatch.setattr(audio_module.shutil, "which", lambda name: None)
+    try:
+        status = main([str(tmp_path), *ALL, "--model", ckpt])
+    finally:
+        locked.chmod(0o644)
+    cap = capsys.readouterr()
+    assert status == 1
+    assert errors_for(cap.err, locked) == "permission denied"
+    assert errors_for(cap.err, m4a).startswith("cannot decode .m4a without ffmpeg")
+    assert f"warning: {silent}: silent audio" in cap.err
+    assert len([line for line in cap.err.splitlines() if line.startswith("error:")]) == 2
+    assert "summary: 2 transcribed, 0 skipped, 2 failed" in cap.out
+    check_outputs(tmp_path / "silent", silent=True)
+    check_outputs(tmp_path / "good")
+    assert not (tmp_path / "clip.srt").exists() and not (tmp_path / "locked.srt").exists()
+
+
+def test_quiet_verbose_and_dry_run(tmp_path, ckpt, capsys):
+    src = write_audio(tmp_path / "x.wav", 2.0, 1)
+    (tmp_path / "bad.wav").write_text("nope", encoding="utf-8")
+
+    assert main([str(tmp_path), "--dry-run", "--srt", "--model", "/no/such/model"]) == 0
+    cap = capsys.readouterr()
+    assert f"transcribe: {src} -> {tmp_path / 'x.srt'}" in cap.out
+    assert "dry run: 2 to transcribe, 0 up to date, 0 failed" in cap.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.wav", "x.wav"]
+
+    assert main([str(tmp_path), "--quiet", "--srt", "--model", ckpt]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err.splitlines() == [
+        f"error: {tmp_path / 'bad.wav'}: " + errors_for(cap.err, tmp_path / "bad.wav")
+    ]
+
+    assert main([str(src), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  \[00:00:00\.000 --> 00:00:02\.000\] \S", out, re.M)
+    assert f"wrote {tmp_path / 'x.srt'}" in out
+
+
+def test_progress_bar_and_summary_table_on_a_terminal(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    src = write_audio(tmp_path / "x.wav", 2.0, 1)
+    (tmp_path / "bad.wav").write_text("nope", encoding="utf-8")
+    assert main([str(tmp_path), "--srt", "--model", ckpt]) == 1
+    cap = capsys.readouterr()
+    assert "mlxasr summary" in cap.out and "realtime" in cap.out
+    assert "\x1b[" in cap.out  # drawn for a terminal
+    assert f"error: {tmp_path / 'bad.wav'}: " in cap.err
+    assert src.with_suffix(".srt").exists()
+
+
+def test_context_file_is_used(tmp_path, ckpt, capsys):
+    src = write_audio(tmp_path / "x.wav", 1.0, 1)
+    ctx = tmp_path / "names.txt"
+    ctx.write_text("Qwen, MLX\n", encoding="utf-8")
+    assert main([str(src), "--json", "--context-file", str(ctx), "--language", "en", "--model", ckpt]) == 0
+    doc = json.loads((tmp_path / "x.json").read_text(encoding="utf-8"))
+    assert doc["options"]["context"] == "Qwen, MLX" and doc["options"]["language"] == "English"
+    assert doc["language"] == "English"
+    capsys.readouterr()
+
+
+# --- usage errors ---------------------------------------------------------------------------------
+
+
+def test_usage_errors_exit_2_before_the_model_or_any_file_is_touched(tmp_path, ckpt, capsys, monkeypatch):
+    src = write_audio(tmp_path / "x.wav", 1.0, 1)
+    loads = []
+    monkeypatch.setattr(cli_main, "load", lambda *a, **k: loads.append(a) or pytest.fail("model loaded"))
+
+    assert main([str(src), "--language", "Klingon"]) == 2
+    assert "unsupported language 'Klingon'" in capsys.readouterr().err
+    assert main([str(src), "--context-file", str(tmp_path / "missing.txt")]) == 2
+    assert "--context-file" in capsys.readouterr().err
+    assert main([str(src), "--context", "a", "--context-file", str(src)]) == 2
+    assert main([str(src), "-f", "docx"]) == 2
+    assert "invalid format 'docx'" in capsys.readouterr().err
+    assert main([str(src), "--max-segment-seconds", "0"]) == 2
+    assert main([str(src), "--quiet", "--verbose"]) == 2
+    assert main([str(tmp_path / "nope.wav"), str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'nope.wav'}: no such file or directory" in err
+    assert main([]) == 2
+    assert loads == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.wav"]
+
+
+def test_a_missing_path_among_good_ones_fails_only_itself(tmp_path, ckpt, capsys):
+    src = write_audio(tmp_path / "x.wav", 1.0, 1)
+    assert main([str(src), str(tmp_path / "nope.wav"), "--model", ckpt]) == 1
+    cap = capsys.readouterr()
+    assert f"error: {tmp_path / 'nope.wav'}: no such file or directory" in cap.err
+    assert (tmp_path / "x.txt").exists()
+
+
+def test_bad_model_fails_fast_with_one_message(tmp_path, capsys):
+    src = write_audio(tmp_path / "x.wav", 1.0, 1)
+    not_a_model = tmp_path / "empty-model"
+    not_a_model.mkdir()
+    for model in (str(tmp_path / "missing-model"), str(not_a_model)):
+        assert main([str(src), "--srt", "--model", model]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert len(errors) == 1 and errors[0].startswith(f"error: model {model}: "), errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-model", "x.wav"]
+
+
+def test_help_and_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("mlxasr ")
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--srt",
+        "--vtt",
+        "--json",
+        "--txt",
+        "--output-format",
+        "--overwrite",
+        "--dry-run",
+        "--batch-size",
+    ):
+        assert flag in text
+    assert "exit status" in text and "130" in text
+
+
+# --- interrupt ------------------------------------------------------------------------------------
+
+
+def test_sigint_stops_cleanly_with_status_130(tmp_path, ckpt):
+    folder = tmp_path / "long"
+    inputs = [write_audio(folder / f"f{i}.wav", 8.0, i) for i in range(8)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = tmp_path / "stdout.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlx_qwen3asr.cli.main", str(folder), *ALL, "--model", ckpt],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while "done" not in log.read_text(encoding="utf-8"):
+                assert proc.poll() is None, "mlxasr ended before it could be interrupted"
+                assert time.monotonic() < deadline, "mlxasr did not start working"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert "interrupted: " in log.read_text(encoding="utf-8")
+    assert temporaries(folder) == []
+    finished = [p for p in inputs if p.with_suffix(".srt").exists()]
+    assert 1 <= len(finished) < len(inputs)
+    for p in inputs:
+        outputs = [p.with_suffix(f".{ext}").exists() for ext in ("txt", "srt", "vtt", "json")]
+        assert all(outputs) or not any(outputs), p
+    for p in finished:
+        check_outputs(p.with_suffix(""))
+
+
+# --- batch helpers --------------------------------------------------------------------------------
+
+
+def test_find_inputs_walks_sorted_skips_hidden_and_survives_loops(tmp_path):
+    root = tmp_path / "r"
+    for name in ["b.WAV", "a.flac", "sub/c.mp3", "sub/z/d.m4a", ".h.wav", ".hid/e.wav", "notes.txt", "x.srt"]:
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    (root / "sub" / "up").symlink_to(root, target_is_directory=True)
+    (root / "sub" / "self").symlink_to(root / "sub", target_is_directory=True)
+    (root / "link.wav").symlink_to(root / "a.flac")
+    (root / "dangling.wav").symlink_to(root / "gone.wav")
+    explicit = root / "notes.txt"
+    files, errors = find_inputs([root, root / "a.flac", explicit, tmp_path / "missing"])
+    rel = [str(f.path.relative_to(root)) for f in files]
+    assert rel == ["a.flac", "b.WAV", "sub/c.mp3", "sub/z/d.m4a", "notes.txt"]
+    assert files[0].root == root and files[-1].root is None
+    assert [str(f.relative) for f in files] == ["a.flac", "b.WAV", "sub/c.mp3", "sub/z/d.m4a", "notes.txt"]
+    assert [(Path(e.path).name, e.reason) for e in errors] == [
+        ("dangling.wav", "broken symbolic link"),
+        ("missing", "no such file or directory"),
+    ]
+
+
+def test_output_names():
+    assert output_stem("meeting.2024.01.m4a") == "meeting.2024.01"
+    assert output_stem("Talk.MP4") == "Talk"
+    assert output_stem("notes.txt") == "notes.txt"
+    assert output_stem(".wav") == ".wav"
+
+
+def test_plan_mirrors_folders_and_disambiguates(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for p in [a / "x.wav", a / "sub" / "x.wav", a / "y.wav", a / "Y.mp3", b / "x.wav"]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    files, _ = find_inputs([a, b])
+    out = tmp_path / "out"
+    jobs = plan_jobs(files, ["srt", "txt"], out)
+    got = [
+        (str(j.path.relative_to(tmp_path)), [str(p.relative_to(out)) for p in j.outputs.values()])
+        for j in jobs
+    ]
+    assert got == [
+        ("a/Y.mp3", ["Y.mp3.txt", "Y.mp3.srt"]),
+        ("a/sub/x.wav", ["sub/x.txt", "sub/x.srt"]),
+        ("a/x.wav", ["x.txt", "x.srt"]),
+        ("a/y.wav", ["y.wav.txt", "y.wav.srt"]),
+        ("b/x.wav", ["x (2).txt", "x (2).srt"]),
+    ]
+    beside = plan_jobs(files, ["txt"])
+    assert [j.outputs["txt"] for j in beside][:3] == [a / "Y.mp3.txt", a / "sub" / "x.txt", a / "x.txt"]
+    with pytest.raises(ValueError):
+        plan_jobs(files, ["docx"])
+
+
+def test_up_to_date_needs_every_output_newer_than_the_input(tmp_path):
+    src = tmp_path / "x.wav"
+    src.write_bytes(b"x")
+    (job,) = plan_jobs(find_inputs([src])[0], ["srt", "txt"])
+    assert not is_up_to_date(job)
+    job.outputs["srt"].write_text("", encoding="utf-8")
+    assert not is_up_to_date(job)
+    job.outputs["txt"].write_text("", encoding="utf-8")
+    now = time.time()
+    os.utime(src, (now - 10, now - 10))
+    assert is_up_to_date(job)
+    os.utime(src, (now + 10, now + 10))
+    assert not is_up_to_date(job)
+
+
+def test_cli_module_is_runnable(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlx_qwen3asr.cli", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("mlxasr ")
+    assert shutil.which("ffmpeg")  # the m4a inputs above are made with it
