@@ -94,7 +94,9 @@ class OfficialReference:
         return out.numpy()
 
     @torch.no_grad()
-    def run(self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32) -> ReferenceRun:
+    def run(
+        self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32
+    ) -> ReferenceRun:
         """One official greedy `generate` call; the encoder output is captured on the way."""
         inputs = self.inputs(wav, context, language)
         frames = int(inputs["feature_attention_mask"].sum())
