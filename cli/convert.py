@@ -1,0 +1,127 @@
+"""The `mlxasr-convert` command: MLX checkpoints, 4-bit or 8-bit, from any Qwen3-ASR release.
+
+mlxasr-convert Qwen/Qwen3-ASR-0.6B -o qwen3-asr-0.6b-4bit --bits 4
+mlxasr-convert Qwen/Qwen3-ASR-1.7B -o qwen3-asr-1.7b-8bit --bits 8
+mlxasr-convert ./Qwen3-ASR-0.6B -o qwen3-asr-0.6b-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mlx_qwen3asr.convert import (
+    ENCODER_BITS,
+    GROUP_SIZES,
+    QUANT_BITS,
+    ConversionResult,
+    ConvertError,
+    convert_checkpoint,
+)
+from mlx_qwen3asr.loading import DTYPES, ModelLoadError
+
+PROG = "mlxasr-convert"
+# How many layer names to print before summarising the rest.
+MAX_LISTED = 12
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="Convert a Qwen3-ASR checkpoint (release, transformers -hf or MLX layout; ASR or forced "
+        "aligner) into an MLX checkpoint, optionally quantized.",
+        epilog="Without --bits the checkpoint is written unquantized in --dtype. With --bits, decoder linears "
+        "and the token embedding use --bits; encoder linears use --encoder-bits (default 8 under --bits 4, "
+        "else --bits; 16 leaves the encoder unquantized, the layout mlx-community publishes). Convolutions "
+        "and norms are never quantized.",
+    )
+    ap.add_argument("src", help="checkpoint directory or Hugging Face repo id (org/name)")
+    ap.add_argument("-o", "--output", required=True, metavar="DST", help="directory to create")
+    ap.add_argument("--bits", type=int, choices=QUANT_BITS, default=None, help="quantize to this many bits")
+    ap.add_argument(
+        "--group-size", type=int, choices=GROUP_SIZES, default=64, help="quantization group size (default 64)"
+    )
+    ap.add_argument(
+        "--encoder-bits", type=int, choices=ENCODER_BITS, default=None, help="bits of the audio encoder"
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="bfloat16",
+        help="dtype of unquantized weights (default bfloat16)",
+    )
+    ap.add_argument(
+        "--force", action="store_true", help="replace DST if it exists (once the new one is complete)"
+    )
+    return ap
+
+
+def _one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:MAX_LISTED])
+    return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
+def summary(result: ConversionResult) -> list[str]:
+    kind = "forced aligner" if result.forced_aligner else "ASR"
+    lines = [
+        f"converted {result.source} ({result.source_layout} layout, {kind}) -> {result.path}",
+        f"  recipe: {result.recipe.describe()}",
+    ]
+    if result.quantized:
+        by_bits: dict[int, int] = {}
+        for bits in result.quantized.values():
+            by_bits[bits] = by_bits.get(bits, 0) + 1
+        counts = ", ".join(f"{n} at {b} bits" for b, n in sorted(by_bits.items()))
+        lines.append(f"  quantized layers: {counts}")
+    if result.unquantized:
+        lines.append(
+            f"  left unquantized (input width not a multiple of {result.recipe.group_size}): "
+            + _names(result.unquantized)
+        )
+    files = ", ".join(f"{name} ({_size(size)})" for name, size in result.files.items())
+    lines.append(f"  weights: {_size(result.weight_bytes)} in {files}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def progress(message: str) -> None:
+        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+    try:
+        result = convert_checkpoint(
+            args.src,
+            args.output,
+            bits=args.bits,
+            group_size=args.group_size,
+            encoder_bits=args.encoder_bits,
+            dtype=args.dtype,
+            force=args.force,
+            log=progress,
+        )
+    except (ConvertError, ModelLoadError) as e:
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    for line in summary(result):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,606 @@
+"""mlxasr-convert: every layout converts, every recipe loads back and transcribes, failures leave nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_qwen3asr.cli.convert import main
+
+import mlx_qwen3asr
+from mlx_qwen3asr.convert import ConvertError, convert, convert_checkpoint
+from mlx_qwen3asr.generate import prefill_logits
+from mlx_qwen3asr.model import encoder_batch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONVS = ("conv2d1", "conv2d2", "conv2d3")
+MLX_COMMUNITY_BLOCK = {"group_size": 64, "bits": 4, "mode": "affine"}
+# name -> (CLI flags, decoder bits, encoder bits or None for float)
+RECIPES = {
+    "bf16": ([], None, None),
+    "8bit": (["--bits", "8"], 8, 8),
+    "4bit": (["--bits", "4", "--encoder-bits", "4"], 4, 4),
+    "mixed": (["--bits", "4"], 4, 8),  # the default under --bits 4: 8-bit encoder
+    "4bit-float-encoder": (["--bits", "4", "--encoder-bits", "16"], 4, None),
+}
+# Logits cosine against the float32 model that each recipe must reach on the tiny preset.
+MIN_COSINE = {"bf16": 0.99999, "8bit": 0.995, "4bit": 0.9, "mixed": 0.95, "4bit-float-encoder": 0.95}
+
+
+def load(path) -> mlx_qwen3asr.ASRModel:
+    return mlx_qwen3asr.load(path, dtype="float32")
+
+
+def signal(seconds: float, seed: int = 0, sample_rate: int = 16000) -> np.ndarray:
+    """Noise under a syllable-rate envelope over a gliding tone: enough structure to exercise the encoder."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3.5 * t)
+    tone = np.sin(2 * np.pi * (200 + 50 * np.sin(2 * np.pi * 0.7 * t)) * t)
+    return (0.3 * envelope * (0.6 * tone + 0.4 * rng.standard_normal(t.size))).astype(np.float32)
+
+
+def prompt_logits(asr: mlx_qwen3asr.ASRModel) -> np.ndarray:
+    """Logits of every position of a fixed audio prompt: exercises convs, both stacks and the head."""
+    cfg = asr.config
+    mel = np.random.default_rng(1).standard_normal((cfg.audio_config.num_mel_bins, 230)).astype(np.float32)
+    features = asr.net.audio_tower(encoder_batch([mel], cfg.audio_config))
+    ids = [872, 198, cfg.audio_start_token_id] + [cfg.audio_token_id] * features.shape[0]
+    ids += [cfg.audio_end_token_id, 198, 1000, 2000, 3000]
+    return np.array(prefill_logits(asr.net, ids, features))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def stored(path: Path) -> dict[str, mx.array]:
+    tensors: dict[str, mx.array] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        tensors.update(mx.load(str(file)))
+    return tensors
+
+
+def as_np(x: mx.array) -> np.ndarray:
+    return np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)
+
+
+def assert_same_tensors(a: dict[str, mx.array], b: dict[str, mx.array]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        np.testing.assert_array_equal(as_np(a[key]), as_np(b[key]), err_msg=key)
+
+
+def assert_same_params(a: nn.Module, b: nn.Module) -> None:
+    assert_same_tensors(dict(tree_flatten(a.parameters())), dict(tree_flatten(b.parameters())))
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Names a conversion may have left behind in the destination's parent."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def copy_checkpoint(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def original(checkpoints) -> Path:
+    return checkpoints("tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(original):
+    asr = load(original)
+    return asr, prompt_logits(asr)
+
+
+@pytest.fixture(scope="module")
+def converted(original, tmp_path_factory):
+    """Each recipe converted once, through the in-process CLI."""
+    base = tmp_path_factory.mktemp("converted")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            dst = base / name
+            assert main([str(original), "-o", str(dst), *RECIPES[name][0]]) == 0
+            made[name] = dst
+        return made[name]
+
+    return get
+
+
+def hf_layout(src: Path, dst: Path, aligner: bool = False) -> Path:
+    """The transformers-native layout, as transformers' own conversion script writes it."""
+    copy_checkpoint(src, dst)
+    (dst / "model.safetensors").unlink()
+    config = json.loads((src / "config.json").read_text())
+    thinker = config.pop("thinker_config")
+    audio = dict(thinker["audio_config"])
+    audio["num_attention_heads"] = audio.pop("encoder_attention_heads")  # transformers' alias
+    text = {**thinker["text_config"], "model_type": "qwen3"}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta")}
+    hf = {
+        **{k: v for k, v in config.items() if k != "support_languages"},
+        "model_type": "qwen3_asr",
+        "architectures": [
+            "Qwen3ASRForTokenClassification" if aligner else "Qwen3ASRForConditionalGeneration"
+        ],
+        "audio_config": {**audio, "model_type": "qwen3_asr_encoder"},
+        "text_config": text,
+        "audio_token_id": thinker["audio_token_id"],
+    }
+    if aligner:
+        hf["num_labels"] = thinker["classify_num"]
+        hf["tie_word_embeddings"] = False
+    (dst / "config.json").write_text(json.dumps(hf, indent=2))
+    renames = [
+        ("thinker.model.", "model.language_model."),
+        ("thinker.lm_head.", "score." if aligner else "lm_head."),
+        ("thinker.audio_tower.proj1.", "model.multi_modal_projector.linear_1."),
+        ("thinker.audio_tower.proj2.", "model.multi_modal_projector.linear_2."),
+        ("thinker.", "model."),
+    ]
+    weights = {}
+    for key, value in mx.load(str(src / "model.safetensors")).items():
+        for old, new in renames:
+            if key.startswith(old):
+                key = new + key[len(old) :]
+                break
+        weights[key] = value
+    if not aligner:
+        del weights["lm_head.weight"]  # transformers does not save a tied head
+    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
+    return dst
+
+
+def mlx_layout(src: Path, dst: Path) -> Path:
+    """An mlx-audio style conversion written by hand: prefix stripped, OHWI convs, no tied head."""
+    copy_checkpoint(src, dst)
+    weights = {}
+    for key, value in mx.load(str(src / "model.safetensors")).items():
+        key = key.removeprefix("thinker.")
+        if key.startswith("audio_tower.conv2d") and key.endswith(".weight"):
+            value = value.transpose(0, 2, 3, 1)
+        weights[key] = value
+    del weights["lm_head.weight"]
+    mx.eval(weights)
+    mx.save_safetensors(str(dst / "model.safetensors"), weights)
+    return dst
+
+
+def mlx_community_4bit(src: Path, dst: Path) -> Path:
+    """What mlx-community publishes: the text stack 4-bit from the bf16 weights, the encoder untouched."""
+    mlx_layout(src, dst)
+    asr = mlx_qwen3asr.load(dst, dtype="bfloat16")
+    nn.quantize(
+        asr.net,
+        group_size=64,
+        bits=4,
+        class_predicate=lambda p, m: p.startswith("model.") and hasattr(m, "to_quantized"),
+    )
+    mx.eval(asr.net.parameters())
+    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(asr.net.parameters())))
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization"] = dict(MLX_COMMUNITY_BLOCK)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+def aligner_layout(src: Path, dst: Path, classes: int = 5000) -> Path:
+    """The forced aligner: the tiny checkpoint with an untied timestamp classifier of `classes` rows."""
+    copy_checkpoint(src, dst)
+    config = json.loads((src / "config.json").read_text())
+    thinker = config["thinker_config"]
+    thinker["model_type"] = "qwen3_forced_aligner"
+    thinker["classify_num"] = classes
+    thinker["text_config"]["tie_word_embeddings"] = False
+    config["tie_word_embeddings"] = False
+    config["timestamp_token_id"] = 151705
+    config["timestamp_segment_time"] = 80
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    weights = dict(mx.load(str(src / "model.safetensors")))
+    hidden = thinker["text_config"]["hidden_size"]
+    head = mx.random.normal((classes, hidden), key=mx.random.key(3)) * 0.3
+    weights["thinker.lm_head.weight"] = head.astype(mx.bfloat16)
+    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
+    return dst
+
+
+# --------------------------------------------------------------------------------------------------
+# Recipes: convert -> load -> transcribe
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_round_trip(name, converted, original, reference, measurements):
+    path = converted(name)
+    _, decoder_bits, encoder_bits = RECIPES[name]
+    config = json.loads((path / "config.json").read_text())
+    source_config = json.loads((original / "config.json").read_text())
+    # The source config is kept as is, nested thinker_config included; only the block is added.
+    assert {k: v for k, v in config.items() if not k.startswith("quantization")} == source_config
+
+    asr = load(path)
+    net = asr.net
+    q_proj = net.model.layers[0].self_attn.q_proj
+    enc_fc1 = net.audio_tower.layers[1].fc1
+    if decoder_bits is None:
+        assert "quantization" not in config and "quantization_config" not in config
+        assert type(q_proj) is nn.Linear and type(net.model.embed_tokens) is nn.Embedding
+    else:
+        assert config["quantization"] == config["quantization_config"]
+        assert {k: config["quantization"][k] for k in ("group_size", "bits", "mode")} == {
+            "group_size": 64,
+            "bits": decoder_bits,
+            "mode": "affine",
+        }
+        assert isinstance(q_proj, nn.QuantizedLinear) and (q_proj.bits, q_proj.group_size) == (
+            decoder_bits,
+            64,
+        )
+        down = net.model.layers[1].mlp.down_proj
+        assert isinstance(down, nn.QuantizedLinear) and down.bits == decoder_bits
+        embed = net.model.embed_tokens
+        assert isinstance(embed, nn.QuantizedEmbedding) and (embed.bits, embed.group_size) == (
+            decoder_bits,
+            64,
+        )
+    encoder_linears = [enc_fc1, net.audio_tower.layers[0].self_attn.out_proj, net.audio_tower.conv_out]
+    encoder_linears += [net.audio_tower.proj1, net.audio_tower.proj2]
+    per_layer = {k for k in config.get("quantization", {}) if k not in ("group_size", "bits", "mode")}
+    if encoder_bits is None:
+        assert all(type(layer) is nn.Linear for layer in encoder_linears)
+        assert not per_layer  # exactly mlx-community's block
+    else:
+        assert all(isinstance(m, nn.QuantizedLinear) and m.bits == encoder_bits for m in encoder_linears)
+        if encoder_bits != decoder_bits:
+            assert config["quantization"]["audio_tower.layers.1.fc1"] == {
+                "group_size": 64,
+                "bits": encoder_bits,
+            }
+            assert all(k.startswith("audio_tower.") for k in per_layer) and len(per_layer) == 15
+        else:
+            assert not per_layer
+    # Convolutions and norms are never quantized.
+    for conv in CONVS:
+        assert type(getattr(net.audio_tower, conv)) is nn.Conv2d
+    assert type(net.model.norm) is nn.RMSNorm and type(net.audio_tower.ln_post) is nn.LayerNorm
+    assert type(net.model.layers[0].input_layernorm) is nn.RMSNorm
+    assert "lm_head" not in net
+
+    # Stored names are the MLX module tree's, convs OHWI, floats in bfloat16, no tied head copy.
+    tensors = stored(path)
+    assert not any(k.startswith(("thinker.", "lm_head")) for k in tensors)
+    assert tensors["audio_tower.conv2d2.weight"].shape[1:3] == (3, 3)
+    assert tensors["model.norm.weight"].dtype == mx.bfloat16
+    assert tensors["audio_tower.conv2d1.weight"].dtype == mx.bfloat16
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(tensors) and set(index["weight_map"].values()) == {
+        "model.safetensors"
+    }
+    # Tokenizer, preprocessor and template files travel along.
+    for file in ("vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.json"):
+        assert (path / file).read_bytes() == (original / file).read_bytes()
+    assert (path / "preprocessor_config.json").is_file()
+
+    ref_asr, ref_logits = reference
+    if decoder_bits is None:
+        assert_same_params(net, ref_asr.net)  # bf16 source -> bf16 output: lossless
+    cos = cosine(prompt_logits(asr), ref_logits)
+    measurements.append(f"convert {name}: tiny logits cosine vs float32 source {cos:.5f}")
+    assert cos > MIN_COSINE[name]
+
+    result = mlx_qwen3asr.transcribe(asr, signal(2.5))
+    assert isinstance(result, mlx_qwen3asr.Transcription)
+    assert result.segments and result.duration == pytest.approx(2.5)
+
+
+def test_float_encoder_matches_mlx_community(converted, original, tmp_path):
+    """With --encoder-bits 16 the keys, shapes, dtypes and config block are those mlx-community publishes."""
+    path = converted("4bit-float-encoder")
+    community = mlx_community_4bit(original, tmp_path / "community")
+    ours, theirs = stored(path), stored(community)
+    assert sorted(ours) == sorted(theirs)
+    for key in ours:
+        assert (ours[key].shape, ours[key].dtype) == (theirs[key].shape, theirs[key].dtype), key
+    assert json.loads((path / "config.json").read_text())["quantization"] == MLX_COMMUNITY_BLOCK
+    # Same recipe from the same bf16 weights: the same packed tensors.
+    np.testing.assert_array_equal(
+        np.array(ours["model.layers.0.mlp.up_proj.weight"]),
+        np.array(theirs["model.layers.0.mlp.up_proj.weight"]),
+    )
+    # And our loader reads both to the same model.
+    assert_same_params(load(path).net, load(community).net)
+
+
+def test_float32_and_float16_dtypes(original, tmp_path, reference):
+    for dtype, mx_dtype in (("float32", mx.float32), ("float16", mx.float16)):
+        dst = tmp_path / dtype
+        convert(original, dst, bits=8, dtype=dtype)
+        tensors = stored(dst)
+        assert tensors["model.norm.weight"].dtype == mx_dtype
+        assert tensors["model.layers.0.mlp.up_proj.scales"].dtype == mx_dtype
+        assert tensors["model.layers.0.mlp.up_proj.weight"].dtype == mx.uint32
+        assert cosine(prompt_logits(load(dst)), reference[1]) > 0.999
+
+
+def test_group_size_that_does_not_divide(original, tmp_path, capsys):
+    # The tiny preset's 64-wide layers cannot use 128-wide groups: they stay float and are listed.
+    dst = tmp_path / "g128"
+    rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "4", "--group-size", "128")
+    assert rc == 0
+    assert "left unquantized (input width not a multiple of 128)" in out
+    config = json.loads((dst / "config.json").read_text())
+    block = config["quantization"]
+    assert block["group_size"] == 128 and block["model.layers.0.self_attn.q_proj"] is False
+    assert block["audio_tower.layers.0.fc1"] is False
+    assert block["audio_tower.layers.0.fc2"] == {"group_size": 128, "bits": 8}  # 128 wide: quantized
+    net = load(dst).net
+    assert type(net.model.layers[0].self_attn.q_proj) is nn.Linear
+    assert type(net.model.embed_tokens) is nn.Embedding
+    down = net.model.layers[0].mlp.down_proj  # input width 128
+    assert isinstance(down, nn.QuantizedLinear) and (down.bits, down.group_size) == (4, 128)
+    assert (
+        isinstance(net.audio_tower.layers[0].fc2, nn.QuantizedLinear)
+        and net.audio_tower.layers[0].fc2.bits == 8
+    )
+
+
+def test_sharded_output(original, tmp_path, converted):
+    dst = tmp_path / "sharded"
+    result = convert_checkpoint(original, dst, bits=4, max_shard_bytes=1_500_000)
+    files = sorted(p.name for p in dst.glob("*.safetensors"))
+    n = len(files)
+    assert n > 2 and files == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert sorted(result.files) == files
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == files
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in stored(dst).values())
+    single = converted("mixed")
+    assert_same_tensors(stored(dst), stored(single))
+    assert_same_params(load(dst).net, load(single).net)
+
+
+# --------------------------------------------------------------------------------------------------
+# Source layouts
+# --------------------------------------------------------------------------------------------------
+
+
+def test_mlx_community_source(original, tmp_path, converted):
+    source = mlx_layout(original, tmp_path / "mlx-src")
+    dst = tmp_path / "from-mlx"
+    result = convert_checkpoint(source, dst, bits=4)
+    assert result.source_layout == "mlx"
+    # Same weights in another layout: byte-identical tensors to converting the release.
+    assert_same_tensors(stored(dst), stored(converted("mixed")))
+
+
+def test_quantized_source_is_refused(original, tmp_path, capsys):
+    source = mlx_community_4bit(original, tmp_path / "community")
+    dst = tmp_path / "requant"
+    rc, _, err = cli(capsys, source, "-o", dst, "--bits", "8")
+    assert rc == 1
+    assert "already quantized (4-bit)" in err and len(err.strip().splitlines()) == 1
+    assert not dst.exists() and leftovers(tmp_path) == []
+
+
+def test_transformers_native_source(original, tmp_path, converted):
+    source = hf_layout(original, tmp_path / "hf-src")
+    dst = tmp_path / "from-hf"
+    result = convert_checkpoint(source, dst, bits=4)
+    assert result.source_layout == "hf" and not result.forced_aligner
+    assert_same_tensors(stored(dst), stored(converted("mixed")))
+    # The config is rewritten into the release layout, which MLX tools read.
+    config = json.loads((dst / "config.json").read_text())
+    assert config["model_type"] == "qwen3_asr" and "audio_config" not in config
+    thinker = config["thinker_config"]
+    assert thinker["audio_config"]["encoder_attention_heads"] == 4
+    assert thinker["text_config"]["rope_theta"] == 1000000
+    asr = load(dst)
+    ref = load(converted("mixed"))
+    assert asr.config.audio_config == ref.config.audio_config
+    assert asr.config.text_config == ref.config.text_config
+    assert_same_params(asr.net, ref.net)
+
+
+def test_top_level_config_over_release_names(original, tmp_path, reference):
+    # The loader's own `-hf` test layout: top-level config, weights still named thinker.*.
+    source = copy_checkpoint(original, tmp_path / "flat")
+    config = json.loads((original / "config.json").read_text())
+    flat = {**config.pop("thinker_config"), **config, "model_type": "qwen3_asr"}
+    (source / "config.json").write_text(json.dumps(flat))
+    dst = tmp_path / "flat-bf16"
+    convert(source, dst)
+    assert "thinker_config" in json.loads((dst / "config.json").read_text())
+    assert_same_params(load(dst).net, reference[0].net)
+
+
+@pytest.mark.parametrize("layout", ["release", "hf"])
+def test_forced_aligner_converts(original, tmp_path, layout, measurements):
+    source = aligner_layout(original, tmp_path / "aligner")
+    if layout == "hf":
+        source = hf_layout(source, tmp_path / "aligner-hf", aligner=True)
+        assert "score.weight" in mx.load(str(source / "model.safetensors"))
+    float_ref = load(source) if layout == "release" else load(aligner_layout(original, tmp_path / "ref"))
+    assert float_ref.config.is_forced_aligner
+
+    dst = tmp_path / "aligner-4bit"
+    result = convert_checkpoint(source, dst, bits=4)
+    assert result.forced_aligner and result.quantized["lm_head"] == 4
+    config = json.loads((dst / "config.json").read_text())
+    assert config["thinker_config"]["classify_num"] == 5000
+    assert "forced_aligner" in config["thinker_config"]["model_type"]
+    assert stored(dst)["lm_head.weight"].shape == (5000, 64 * 4 // 32)
+
+    asr = load(dst)
+    assert asr.config.is_forced_aligner and asr.config.classify_num == 5000
+    head = asr.net.lm_head
+    assert isinstance(head, nn.QuantizedLinear) and (head.bits, head.group_size) == (4, 64)
+    assert isinstance(asr.net.audio_tower.layers[0].fc1, nn.QuantizedLinear)
+    logits = prompt_logits(asr)
+    assert logits.shape[-1] == 5000
+    cos = cosine(logits, prompt_logits(float_ref))
+    measurements.append(f"convert forced aligner ({layout} layout) mixed 4/8-bit: logits cosine {cos:.5f}")
+    assert cos > 0.95
+
+    plain = tmp_path / "aligner-bf16"
+    convert(source, plain)
+    assert_same_params(load(plain).net, float_ref.net)
+
+
+# --------------------------------------------------------------------------------------------------
+# Destination handling and failures
+# --------------------------------------------------------------------------------------------------
+
+
+def test_existing_destination_refused_then_forced(original, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("precious")
+    rc, _, err = cli(capsys, original, "-o", dst, "--bits", "8")
+    assert rc == 1 and "exists; use --force" in err
+    assert (dst / "keep.txt").read_text() == "precious"
+
+    rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "8", "--force")
+    assert rc == 0 and "converted" in out
+    assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
+    assert json.loads((dst / "config.json").read_text())["quantization"]["bits"] == 8
+    assert leftovers(tmp_path) == []
+    load(dst)
+
+
+def test_force_keeps_old_destination_when_conversion_fails(original, tmp_path, capsys):
+    broken = copy_checkpoint(original, tmp_path / "broken")
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("precious")
+    rc, _, _ = cli(capsys, broken, "-o", dst, "--force")
+    assert rc == 1 and (dst / "keep.txt").read_text() == "precious"
+    assert leftovers(tmp_path) == []
+
+
+def _missing_config(path: Path) -> None:
+    (path / "config.json").unlink()
+
+
+def _other_model(path: Path) -> None:
+    (path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 768}))
+
+
+def _other_audio_model(path: Path) -> None:
+    config = json.loads((path / "config.json").read_text())
+    flat = {**config.pop("thinker_config"), "model_type": "qwen2_audio"}
+    (path / "config.json").write_text(json.dumps(flat))
+
+
+def _truncated(path: Path) -> None:
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _missing_weight(path: Path) -> None:
+    tensors = dict(mx.load(str(path / "model.safetensors")))
+    del tensors["thinker.model.layers.1.mlp.up_proj.weight"]
+    mx.save_safetensors(str(path / "model.safetensors"), tensors)
+
+
+def _no_weights(path: Path) -> None:
+    (path / "model.safetensors").unlink()
+
+
+def _bad_json(path: Path) -> None:
+    (path / "config.json").write_text("{not json")
+
+
+BAD_SOURCES = {
+    "missing-config": (_missing_config, "no config.json"),
+    "other-model-type": (_other_model, "not a Qwen3-ASR checkpoint"),
+    "other-audio-model": (_other_audio_model, "not a Qwen3-ASR checkpoint"),
+    "truncated-safetensors": (_truncated, "model.safetensors"),
+    "missing-weight": (_missing_weight, "missing weight(s): model.layers.1.mlp.up_proj.weight"),
+    "no-weights": (_no_weights, "no *.safetensors"),
+    "unreadable-config": (_bad_json, "config.json: unreadable"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_bad_source_leaves_nothing(case, original, tmp_path, capsys):
+    damage, message = BAD_SOURCES[case]
+    source = copy_checkpoint(original, tmp_path / "src")
+    damage(source)
+    out_root = tmp_path / "out"
+    dst = out_root / "nested" / "dst"  # missing parents are created, then removed again
+    rc, out, err = cli(capsys, source, "-o", dst, "--bits", "4")
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("mlxasr-convert: error: ") and message in lines[-1]
+    assert not out_root.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_nonexistent_source(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli(capsys, "no/such/dir/here", "-o", tmp_path / "dst")
+    assert rc == 1 and "not a Hugging Face repo id" in err
+    assert not (tmp_path / "dst").exists()
+
+
+def test_destination_is_source(original, tmp_path, capsys):
+    source = copy_checkpoint(original, tmp_path / "src")
+    rc, _, err = cli(capsys, source, "-o", source, "--bits", "4", "--force")
+    assert rc == 1 and "is (or contains) the source" in err
+    assert (source / "model.safetensors").read_bytes() == (original / "model.safetensors").read_bytes()
+
+
+def test_api_validates_options(original, tmp_path):
+    with pytest.raises(ConvertError, match="bits must be one of 4, 8"):
+        convert(original, tmp_path / "a", bits=3)
+    with pytest.raises(ConvertError, match="--encoder-bits needs --bits"):
+        convert(original, tmp_path / "b", encoder_bits=8)
+    with pytest.raises(ConvertError, match="group size must be one of"):
+        convert(original, tmp_path / "c", bits=4, group_size=48)
+    with pytest.raises(ConvertError, match="unknown dtype"):
+        convert(original, tmp_path / "d", dtype="int8")
+    assert sorted(os.listdir(tmp_path)) == []
+    path = convert(original, tmp_path / "e", bits=8, encoder_bits=16)
+    assert (
+        path == tmp_path / "e" and json.loads((path / "config.json").read_text())["quantization"]["bits"] == 8
+    )
+
+
+def test_cli_subprocess(original, tmp_path):
+    dst = tmp_path / "sub"
+    run = [sys.executable, "-m", "mlx_qwen3asr.cli.convert", str(original), "-o", str(dst), "--bits", "8"]
+    proc = subprocess.run(run, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"-> {dst}" in proc.stdout and "30 at 8 bits" in proc.stdout
+    assert isinstance(load(dst).net.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
+
+    again = subprocess.run(run, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert again.returncode == 1
+    assert (
+        again.stderr.strip().splitlines()[-1]
+        == f"mlxasr-convert: error: {dst} exists; use --force to replace it"
+    )
