@@ -53,9 +53,8 @@ from .config import ModelConfig
 from .loading import (
     DTYPES,
     ModelLoadError,
+    build_checked,
     check_weights,
-    quantize_like_checkpoint,
-    read_config,
     read_weights,
     resolve_model_path,
 )
@@ -393,12 +392,7 @@ def copy_side_files(src: Path, out: Path) -> list[str]:
 
 def verify_output(out: Path) -> None:
     """Run the engine loader's strict checks on what was written (headers only, no tensor data)."""
-    _, config = read_config(out)
-    net = Qwen3ASR(config)
-    weights = Qwen3ASR.sanitize(read_weights(out), config)
-    if config.quantization:
-        quantize_like_checkpoint(net, weights, config.quantization)
-    check_weights(net, weights, out)
+    build_checked(out)
 
 
 def _make_parents(directory: Path, created: list[Path]) -> None:

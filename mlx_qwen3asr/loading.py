@@ -161,6 +161,20 @@ def check_weights(net: Qwen3ASR, weights: dict[str, mx.array], where: Path) -> N
         raise ModelLoadError(f"{where}: checkpoint does not match the model: " + "; ".join(problems))
 
 
+def build_checked(path: Path) -> tuple[Qwen3ASR, ModelConfig, dict[str, mx.array]]:
+    """The module tree a checkpoint describes (quantized like it) and its weights, checked strictly.
+
+    The weights stay lazy: only their names and shapes have been read.
+    """
+    _, config = read_config(path)
+    net = Qwen3ASR(config)
+    weights = Qwen3ASR.sanitize(read_weights(path), config)
+    if config.quantization:
+        quantize_like_checkpoint(net, weights, config.quantization)
+    check_weights(net, weights, path)
+    return net, config, weights
+
+
 def load(path_or_repo: str | Path, dtype: str | mx.Dtype | None = None) -> ASRModel:
     """Load a Qwen3-ASR checkpoint (local directory or Hugging Face repo id).
 
@@ -168,12 +182,7 @@ def load(path_or_repo: str | Path, dtype: str | mx.Dtype | None = None) -> ASRMo
     """
     path = resolve_model_path(path_or_repo)
     compute_dtype = parse_dtype(dtype)
-    _, config = read_config(path)
-    net = Qwen3ASR(config)
-    weights = Qwen3ASR.sanitize(read_weights(path), config)
-    if config.quantization:
-        quantize_like_checkpoint(net, weights, config.quantization)
-    check_weights(net, weights, path)
+    net, config, weights = build_checked(path)
     weights = {
         k: v.astype(compute_dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
     }
