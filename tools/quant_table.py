@@ -23,17 +23,22 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+# isort: off
+# mlx_qwen3asr goes first: it preloads OpenBLAS, which MLX's CPU matmul only picks up if loaded before it.
 import mlx_qwen3asr  # noqa: E402
+import mlx.core as mx  # noqa: E402
+
+# isort: on
 from mlx_qwen3asr.audio import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
 from mlx_qwen3asr.convert import convert_checkpoint  # noqa: E402
 from mlx_qwen3asr.model import Qwen3ASR, encoder_batch  # noqa: E402
@@ -144,7 +149,13 @@ def timed_load(path: Path, dtype: str) -> tuple[float, int]:
 
 
 def measure(
-    src: Path, work: Path, recipes: list[str], audios: list[np.ndarray], steps: int, load_dtype: str
+    src: Path | str,
+    work: Path,
+    recipes: list[str],
+    audios: list[np.ndarray],
+    steps: int,
+    load_dtype: str,
+    on_row: Callable[[list[Row]], None] = lambda rows: None,
 ) -> list[Row]:
     rows: list[Row] = []
     reference: list[tuple[np.ndarray, list[int]]] = []
@@ -179,6 +190,7 @@ def measure(
         if name != REFERENCE:
             shutil.rmtree(dst, ignore_errors=True)  # keep the disk footprint to two checkpoints
         rows.append(row)
+        on_row(rows)  # partial figures survive an interrupted run
     return rows
 
 
@@ -213,31 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     own_work = args.workdir is None
     work = Path(tempfile.mkdtemp(prefix="quant-table-")) if own_work else Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    try:
-        if args.src:
-            src = Path(args.src) if Path(args.src).exists() else args.src
-        else:
-            from tools.make_checkpoint import write_checkpoint
+    seconds = [AUDIO_SECONDS[i % len(AUDIO_SECONDS)] + i // len(AUDIO_SECONDS) for i in range(args.audios)]
+    audios = [test_signal(s, seed=i) for i, s in enumerate(seconds)]
+    source = args.src or f"random-weight {args.preset} preset (tools/make_checkpoint.py, seed 0)"
 
-            start = time.perf_counter()
-            src = write_checkpoint(work / f"random-{args.preset}", args.preset, seed=0)
-            print(f"built random {args.preset} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-        seconds = [
-            AUDIO_SECONDS[i % len(AUDIO_SECONDS)] + i // len(AUDIO_SECONDS) for i in range(args.audios)
-        ]
-        audios = [test_signal(s, seed=i) for i, s in enumerate(seconds)]
-        rows = measure(src, work, args.recipes, audios, args.steps, args.load_dtype)
-    finally:
-        if own_work:
-            shutil.rmtree(work, ignore_errors=True)
-
-    table = markdown(rows, args.steps, len(audios), args.load_dtype)
-    print(table)
-    if args.json:
+    def save(rows: list[Row]) -> None:
+        if not args.json:
+            return
         payload = {
-            "source": str(
-                args.src or f"random-weight {args.preset} preset (tools/make_checkpoint.py, seed 0)"
-            ),
+            "source": str(source),
             "audio_seconds": seconds,
             "steps": args.steps,
             "load_dtype": args.load_dtype,
@@ -252,9 +248,24 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for r in rows
             ],
-            "markdown": table,
+            "markdown": markdown(rows, args.steps, len(audios), args.load_dtype),
         }
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+
+    try:
+        if args.src:
+            src: Path | str = Path(args.src) if Path(args.src).exists() else args.src
+        else:
+            from tools.make_checkpoint import write_checkpoint
+
+            start = time.perf_counter()
+            src = write_checkpoint(work / f"random-{args.preset}", args.preset, seed=0)
+            print(f"built random {args.preset} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        rows = measure(src, work, args.recipes, audios, args.steps, args.load_dtype, on_row=save)
+    finally:
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+    print(markdown(rows, args.steps, len(audios), args.load_dtype))
     return 0
 
 
