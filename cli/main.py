@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -33,19 +31,25 @@ from rich.text import Text
 from mlx_qwen3asr import __version__
 from mlx_qwen3asr.audio import AudioError
 from mlx_qwen3asr.batch import (
-    AudioPrefetcher,
     Job,
     TranscribeOptions,
     estimate_duration,
     find_inputs,
+    is_silent,
     is_up_to_date,
     plan_jobs,
-    transcribe_job,
+    write_outputs,
 )
-from mlx_qwen3asr.loading import DTYPES, ASRModel, load
+from mlx_qwen3asr.loading import DTYPES, load
 from mlx_qwen3asr.prompt import resolve_language
+from mlx_qwen3asr.result import Segment
+from mlx_qwen3asr.scheduler import (
+    DEFAULT_MAX_SEGMENT_SECONDS,
+    InputResult,
+    auto_batch_size,
+    transcribe_stream,
+)
 from mlx_qwen3asr.subtitles import CueOptions, format_timestamp
-from mlx_qwen3asr.transcribe import DEFAULT_MAX_SEGMENT_SECONDS, Segment
 from mlx_qwen3asr.writers import FORMATS
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
@@ -213,10 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument(
         "--batch-size",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="N",
-        help="number of files whose audio is decoded ahead, in the background, while the current one "
-        "is transcribed (default: 1); files are transcribed one at a time",
+        help="segments decoded together, from one long file or from several files (default: chosen "
+        "from the model size and the free memory); lower it if memory is short",
     )
 
     cues = p.add_argument_group("subtitle cues")
@@ -371,13 +375,11 @@ class Reporter:
         self._progress.start()
         self._task = self._progress.add_task("", total=max(self._remaining_estimate, 1e-6))
 
-    def file_started(self, index: int, count: int, job: Job, estimate: float) -> None:
-        self._file_estimate = estimate
-        label = f"[{index + 1}/{count}] {job.path}"
+    def batch_started(self, count: int, batch_size: int) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, description=escape(_printable(label)))
+            self._progress.update(self._task, description=f"0/{count} files")
         else:
-            self.info(f"{label} ({_seconds(estimate)})")
+            self.info(f"transcribing {count} file(s), {batch_size} segment(s) at a time")
 
     def segment(self, seg: Segment) -> None:
         if self._progress is not None:
@@ -386,13 +388,18 @@ class Reporter:
             stamp = f"{format_timestamp(seg.start, '.')} --> {format_timestamp(seg.end, '.')}"
             self.info(f"  [{stamp}] {_one_line(seg.text)}")
 
-    def file_finished(self, actual_seconds: float | None) -> None:
-        """Replace the file's estimated duration by what it really was (None: it failed)."""
-        self._remaining_estimate -= self._file_estimate
+    def file_finished(self, finished: int, count: int, estimate: float, actual_seconds: float | None) -> None:
+        """Replace a file's estimated duration by what it really was (None: it failed)."""
+        self._remaining_estimate -= estimate
         self._done_seconds += actual_seconds or 0.0
         if self._progress is not None:
             total = self._done_seconds + self._remaining_estimate
-            self._progress.update(self._task, completed=self._done_seconds, total=max(total, 1e-6))
+            self._progress.update(
+                self._task,
+                completed=self._done_seconds,
+                total=max(total, 1e-6),
+                description=f"{finished}/{count} files",
+            )
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -549,53 +556,63 @@ def _transcribe_all(
     report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")
 
     estimates = [estimate_duration(j.path) for j in todo]
+    batch_size = args.batch_size or auto_batch_size(model)
     report.start(estimates)
-    with AudioPrefetcher([j.path for j in todo], ahead=args.batch_size) as audio:
-        for i, job in enumerate(todo):
-            report.file_started(i, len(todo), job, estimates[i])
-            t = time.monotonic()
-            try:
-                wav = audio.get(i)
-                seconds = _transcribe_one(model, job, wav, args, options, report)
-            except AudioError as e:
-                reason = e.reason
-            except OSError as e:
-                reason = _write_error(e)
-            except Exception as e:  # a failure in one file must not end the batch
-                reason = f"{type(e).__name__}: {_one_line(str(e))}"
-            else:
-                reason = None
+    report.batch_started(len(todo), batch_size)
+    started = time.monotonic()
+    stream = transcribe_stream(
+        model,
+        [j.path for j in todo],
+        language=options.language,
+        context=options.context,
+        max_segment_seconds=options.max_segment_seconds,
+        batch_size=batch_size,
+        skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
+        on_segment=lambda _index, seg: report.segment(seg),
+    )
+    try:
+        for res in stream:
+            job = todo[res.index]
+            reason = _finish_one(job, res, args, options, report)
             summary.processed += 1
+            seconds = None if reason is not None else res.transcription.duration
+            report.file_finished(summary.processed, len(todo), estimates[res.index], seconds)
             if reason is not None:
                 summary.failed.append((str(job.path), reason))
                 report.error(f"{job.path}: {reason}")
-                report.file_finished(None)
                 continue
-            elapsed = time.monotonic() - t
             summary.done += 1
             summary.audio_seconds += seconds
-            summary.work_seconds += elapsed
-            report.file_finished(seconds)
-            speed = f"{seconds / max(elapsed, 1e-9):.1f}x realtime"
-            report.info(
-                f"[{i + 1}/{len(todo)}] done {job.path}: {_seconds(seconds)} of audio in {elapsed:.1f} s ({speed})"
-            )
+            summary.work_seconds = time.monotonic() - started
+            report.info(f"[{summary.processed}/{len(todo)}] done {job.path}: {_seconds(seconds)} of audio")
+    finally:
+        stream.close()
     return EXIT_OK
 
 
-def _transcribe_one(
-    model: ASRModel,
-    job: Job,
-    wav: np.ndarray,
-    args: argparse.Namespace,
-    options: TranscribeOptions,
-    report: Reporter,
-) -> float:
-    """Transcribe and write one file; returns its audio duration in seconds."""
-    res = transcribe_job(model, job, wav, options, model_name=args.model, on_segment=report.segment)
-    if res.silent:
+def _failure(e: BaseException) -> str:
+    if isinstance(e, AudioError):
+        return e.reason
+    if isinstance(e, OSError):
+        return _write_error(e)
+    return f"{type(e).__name__}: {_one_line(str(e))}"
+
+
+def _finish_one(
+    job: Job, res: InputResult, args: argparse.Namespace, options: TranscribeOptions, report: Reporter
+) -> str | None:
+    """Write one transcribed file's outputs; returns why the file failed, or None."""
+    if res.error is not None:
+        return _failure(res.error)
+    try:
+        written = write_outputs(
+            job, res.transcription, res.wav, options, model_name=args.model, silent=res.skipped
+        )
+    except Exception as e:  # a failure in one file must not end the batch
+        return _failure(e)
+    if written.silent:
         report.warning(f"{job.path}: silent audio, nothing to transcribe; the outputs are empty")
-    flagged = [s for s in res.transcription.segments if s.truncated or s.repetitive]
+    flagged = [s for s in written.transcription.segments if s.truncated or s.repetitive]
     if flagged:
         report.warning(
             f"{job.path}: {len(flagged)} segment(s) ran into a loop or the token limit; "
@@ -603,7 +620,7 @@ def _transcribe_one(
         )
     if args.verbose:
         report.info("  wrote " + ", ".join(str(p) for p in job.outputs.values()))
-    return res.transcription.duration
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

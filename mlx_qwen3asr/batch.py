@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,15 +15,13 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from .audio import AUDIO_EXTENSIONS, SAMPLE_RATE, load_audio
-from .loading import ASRModel
-from .prompt import resolve_language
+from .audio import AUDIO_EXTENSIONS, SAMPLE_RATE
+from .result import Transcription
+from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS
 from .subtitles import Cue, CueOptions, build_cues
-from .transcribe import DEFAULT_MAX_SEGMENT_SECONDS, Segment, Transcription, transcribe_waveform
 from .writers import FORMATS, atomic_write_files, render
 
 __all__ = [
-    "AudioPrefetcher",
     "InputError",
     "InputFile",
     "Job",
@@ -39,7 +35,7 @@ __all__ = [
     "output_stem",
     "plan_jobs",
     "probe_duration",
-    "transcribe_job",
+    "write_outputs",
 ]
 
 # Peak below which a file is treated as silence (-80 dBFS): nothing to transcribe.
@@ -273,56 +269,6 @@ def is_silent(wav: np.ndarray) -> bool:
     return wav.size == 0 or max(float(np.max(wav)), -float(np.min(wav))) < SILENCE_PEAK
 
 
-class AudioPrefetcher:
-    """Decodes the audio of upcoming files in a background thread while the current one is transcribed.
-
-    get(i) must be called for i = 0, 1, 2, ...; it returns the waveform or raises what the loader
-    raised. `ahead` files beyond the requested one are decoded in advance (0: decode on demand).
-    """
-
-    def __init__(
-        self,
-        paths: Sequence[str | os.PathLike[str]],
-        ahead: int = 1,
-        loader: Callable[[str | os.PathLike[str]], np.ndarray] = load_audio,
-    ) -> None:
-        self._paths = list(paths)
-        self._ahead = max(0, int(ahead))
-        self._loader = loader
-        self._futures: deque[tuple[int, Future[np.ndarray]]] = deque()
-        self._submitted = 0
-        self._pool = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-decode") if self._ahead else None
-        )
-
-    def get(self, index: int) -> np.ndarray:
-        if self._pool is None:
-            return self._loader(self._paths[index])
-        while self._submitted <= min(index + self._ahead, len(self._paths) - 1):
-            self._futures.append(
-                (self._submitted, self._pool.submit(self._loader, self._paths[self._submitted]))
-            )
-            self._submitted += 1
-        while self._futures and self._futures[0][0] < index:
-            self._futures.popleft()[1].cancel()
-        i, future = self._futures.popleft()
-        if i != index:
-            raise IndexError(f"audio {index} requested out of order")
-        return future.result()
-
-    def close(self) -> None:
-        """Drop pending work without waiting for a decode in progress."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._futures.clear()
-
-    def __enter__(self) -> AudioPrefetcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 @dataclass(frozen=True)
 class TranscribeOptions:
     language: str | None = None
@@ -349,34 +295,19 @@ class JobResult:
     silent: bool = False
 
 
-def transcribe_job(
-    model: ASRModel,
+def write_outputs(
     job: Job,
+    result: Transcription,
     wav: np.ndarray,
     options: TranscribeOptions,
     *,
     model_name: str | None = None,
-    on_segment: Callable[[Segment], None] | None = None,
+    silent: bool = False,
 ) -> JobResult:
-    """Transcribe one decoded file and write its outputs atomically.
+    """Write a transcribed file's outputs atomically (all of them, or none on failure).
 
-    Silent audio is not sent to the model (it would only invent text); its outputs are empty.
     Raises OSError when an output cannot be written; no output is left half-written.
     """
-    silent = is_silent(wav)
-    if silent:
-        result = Transcription(
-            text="", language=resolve_language(options.language) or "", duration=len(wav) / SAMPLE_RATE
-        )
-    else:
-        result = transcribe_waveform(
-            model,
-            wav,
-            language=options.language,
-            context=options.context,
-            max_segment_seconds=options.max_segment_seconds,
-            on_segment=on_segment,
-        )
     result.source = str(job.path)
     cues = build_cues(result.segments, wav, sample_rate=SAMPLE_RATE, options=options.cues)
     documents = {

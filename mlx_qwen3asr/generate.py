@@ -1,14 +1,15 @@
-"""Greedy decoding with a KV cache, one step kept in flight."""
+"""Greedy decoding of one or many prompts with a KV cache, one step kept in flight."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from .model import Qwen3ASR
+from .model import KVCache, Qwen3ASR
 
 # Audio tokens arrive at 12.5 per second and speech never needs more text tokens than that; the extra
 # covers the `language X<asr_text>` header and very short segments.
@@ -58,37 +59,133 @@ def greedy_generate(
     keep_logits: bool = False,
 ) -> Generation:
     """Decode one prompt greedily until EOS, the budget, or a runaway loop."""
+    return greedy_generate_batch(net, [prompt_ids], [audio_features], [max_new_tokens], eos_ids, keep_logits)[
+        0
+    ]
+
+
+def _pad_id(net: Qwen3ASR) -> int:
+    """Any token that is not the audio placeholder fills the left padding (masked out everywhere)."""
+    return 0 if net.config.audio_token_id != 0 else 1
+
+
+def greedy_generate_batch(
+    net: Qwen3ASR,
+    prompts: Sequence[list[int]],
+    audio_features: Sequence[mx.array],
+    max_new_tokens: Sequence[int],
+    eos_ids: set[int] | frozenset[int],
+    keep_logits: bool = False,
+    on_first_tokens: Callable[[], None] | None = None,
+) -> list[Generation]:
+    """Decode several prompts together, each greedily until its EOS, budget, or a runaway loop.
+
+    Prompts are left-padded to one length; the padding is masked out of attention and every row's
+    positions count from its own first token, so each row decodes as it would alone. Rows that
+    finish leave the batch (their cache rows are dropped), so the rest stop paying for them.
+    """
+    n = len(prompts)
+    if not (n == len(audio_features) == len(max_new_tokens)):
+        raise ValueError("prompts, audio_features and max_new_tokens must have the same length")
+    if n == 0:
+        return []
+    lengths = [len(p) for p in prompts]
+    width = max(lengths)
+    pad_counts = [width - length for length in lengths]
+    ids = np.full((n, width), _pad_id(net), dtype=np.int32)
+    for row, prompt in enumerate(prompts):
+        ids[row, pad_counts[row] :] = prompt
+    features = mx.concatenate([f.reshape(-1, f.shape[-1]) for f in audio_features], axis=0)
+
     cache = net.make_cache()
-    ids = mx.array([prompt_ids], dtype=mx.int32)
-    hidden = net.model(net.embed(ids, audio_features), cache=cache)
+    padded = any(pad_counts)
+    left_pad = mx.array(pad_counts, dtype=mx.int32) if padded else None
+    mask = None
+    if padded:
+        # Causal, and no real query sees a pad key; a pad query sees itself (a row of all-masked
+        # scores would be NaN) and nothing it produces reaches a real token.
+        pos = mx.arange(width)
+        causal = pos[None, :] <= pos[:, None]
+        real_key = pos[None, :] >= left_pad[:, None]
+        mask = (causal[None] & (real_key[:, None, :] | (pos[:, None] == pos[None, :])[None]))[:, None]
+    hidden = net.model(net.embed(mx.array(ids), features), mask=mask, cache=cache, left_pad=left_pad)
     # Only the last position goes through the vocabulary head.
     logits = net.logits(hidden[:, -1, :])
     y = mx.argmax(logits, axis=-1)
     mx.async_eval(y)
 
-    kept: list[mx.array] | None = [] if keep_logits else None
-    tokens: list[int] = []
+    budgets = [max(0, int(b)) for b in max_new_tokens]
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    kept: list[list[mx.array]] | None = [[] for _ in range(n)] if keep_logits else None
+    results: list[Generation | None] = [None] * n
+    active = list(range(n))  # batch row -> original index
 
-    def done(truncated: bool = False, repetitive: bool = False) -> Generation:
-        return Generation(tokens, truncated=truncated, repetitive=repetitive, logits=kept)
+    def finish(index: int, truncated: bool = False, repetitive: bool = False) -> None:
+        logits_out = None if kept is None else kept[index]
+        results[index] = Generation(
+            tokens[index], truncated=truncated, repetitive=repetitive, logits=logits_out
+        )
 
-    for step in range(max_new_tokens):
+    for index in range(n):
+        if budgets[index] == 0:
+            finish(index, truncated=True)
+    active = [i for i in active if results[i] is None]
+    if len(active) < n and active:
+        y, left_pad = _keep(active, list(range(n)), cache, y, left_pad)
+
+    step = 0
+    while active:
         if kept is not None:
-            kept.append(logits[0])
+            for row, index in enumerate(active):
+                kept[index].append(logits[row])
+        # Keep the next step in flight while this one's tokens are read back.
         next_y = None
-        if step + 1 < max_new_tokens:
-            hidden = net.model(net.model.embed_tokens(y[:, None]), cache=cache)
+        if any(len(tokens[i]) + 1 < budgets[i] for i in active):
+            key_mask = None
+            if left_pad is not None:
+                key_mask = (mx.arange(cache[0].offset + 1)[None, :] >= left_pad[:, None])[:, None, None, :]
+            hidden = net.model(
+                net.model.embed_tokens(y[:, None]), mask=key_mask, cache=cache, left_pad=left_pad
+            )
             logits = net.logits(hidden[:, -1, :])
             next_y = mx.argmax(logits, axis=-1)
             mx.async_eval(next_y)
-        token = int(y.item())
-        if token in eos_ids:
-            return done()
-        tokens.append(token)
-        if len(tokens) % LOOP_CHECK_EVERY == 0 and ends_in_loop(tokens):
-            return done(repetitive=True)
+        step += 1
+        step_tokens = y.tolist()
+        if step == 1 and on_first_tokens is not None:
+            on_first_tokens()  # the prompt is processed (benchmarks split prefill from decoding here)
+        still: list[int] = []
+        for index, token in zip(active, step_tokens):
+            if token in eos_ids:
+                finish(index)
+                continue
+            tokens[index].append(token)
+            count = len(tokens[index])
+            if count % LOOP_CHECK_EVERY == 0 and ends_in_loop(tokens[index]):
+                finish(index, repetitive=True)
+            elif count >= budgets[index]:
+                finish(index, truncated=True)
+            else:
+                still.append(index)
+        if not still:
+            break
+        if len(still) < len(active):
+            next_y, left_pad = _keep(still, active, cache, next_y, left_pad)
+            if kept is not None:
+                logits = logits[mx.array([active.index(i) for i in still])]
+        active = still
         y = next_y
-    return done(truncated=True)
+    return [r for r in results if r is not None]
+
+
+def _keep(
+    still: list[int], active: list[int], cache: list[KVCache], y: mx.array, left_pad: mx.array | None
+) -> tuple[mx.array, mx.array | None]:
+    """Shrink the batch to the rows still decoding."""
+    rows = mx.array([active.index(i) for i in still], dtype=mx.int32)
+    for layer_cache in cache:
+        layer_cache.keep_rows(rows)
+    return y[rows], None if left_pad is None else left_pad[rows]
 
 
 def prefill_logits(net: Qwen3ASR, prompt_ids: list[int], audio_features: mx.array) -> mx.array:

@@ -134,6 +134,24 @@ class AudioEncoder(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
+def _on_cpu() -> bool:
+    return mx.default_device() == mx.cpu
+
+
+class Linear(nn.Linear):
+    """A bias-free projection whose single-row products run weight-major on the CPU.
+
+    MLX's CPU backend hands every product to BLAS sgemm. With one row (decoding one sequence),
+    `W @ x` streams the weights markedly faster there than `x @ W.T`; other shapes and devices take
+    the usual path.
+    """
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.size == x.shape[-1] and "bias" not in self and _on_cpu():
+            return (self.weight @ x.reshape(-1, 1)).reshape(*x.shape[:-1], -1)
+        return super().__call__(x)
+
+
 class KVCache:
     """Keys and values of one decoder layer, grown in steps so decoding appends without copying."""
 
@@ -161,6 +179,11 @@ class KVCache:
         self.values[..., prev : self.offset, :] = values
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
 
+    def keep_rows(self, rows: mx.array) -> None:
+        """Drop the batch rows not listed (finished sequences stop costing attention work)."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[rows], self.values[rows]
+
     @property
     def state(self) -> list[mx.array]:
         return [] if self.keys is None else [self.keys, self.values]
@@ -174,21 +197,26 @@ class Attention(nn.Module):
         self.n_kv_heads = config.num_key_value_heads
         self.scale = hd**-0.5
         bias = config.attention_bias
-        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(h, self.n_kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(h, self.n_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=bias)
+        self.q_proj = Linear(h, self.n_heads * hd, bias=bias)
+        self.k_proj = Linear(h, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = Linear(h, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = Linear(self.n_heads * hd, h, bias=bias)
         self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         # MRoPE with identical temporal/height/width positions (text and audio) is plain NeoX RoPE.
         self.rope = nn.RoPE(hd, traditional=False, base=config.rope_theta)
 
-    def __call__(self, x: mx.array, mask=None, cache: KVCache | None = None) -> mx.array:
+    def __call__(
+        self, x: mx.array, mask=None, cache: KVCache | None = None, left_pad: mx.array | None = None
+    ) -> mx.array:
         B, L, _ = x.shape
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1)).transpose(0, 2, 1, 3)
         k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = 0 if cache is None else cache.offset
+        if left_pad is not None:
+            # Left-padded rows: each row's first real token is at position 0 (pads get negative ones).
+            offset = offset - left_pad
         q = self.rope(q, offset=offset)
         k = self.rope(k, offset=offset)
         if cache is not None:
@@ -201,9 +229,9 @@ class MLP(nn.Module):
     def __init__(self, config: TextConfig):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_proj = Linear(h, i, bias=False)
+        self.up_proj = Linear(h, i, bias=False)
+        self.down_proj = Linear(i, h, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -217,8 +245,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask=None, cache: KVCache | None = None) -> mx.array:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cache)
+    def __call__(
+        self, x: mx.array, mask=None, cache: KVCache | None = None, left_pad: mx.array | None = None
+    ) -> mx.array:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cache, left_pad)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -229,12 +259,23 @@ class TextModel(nn.Module):
         self.layers = [DecoderLayer(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask=None, cache: list[KVCache] | None = None) -> mx.array:
-        """(B, L, hidden) input embeddings -> (B, L, hidden) final hidden states."""
+    def __call__(
+        self,
+        x: mx.array,
+        mask=None,
+        cache: list[KVCache] | None = None,
+        left_pad: mx.array | None = None,
+    ) -> mx.array:
+        """(B, L, hidden) input embeddings -> (B, L, hidden) final hidden states.
+
+        left_pad: (B,) pad tokens before each row's first real token, for batches of prompts of
+        different lengths; positions then count from each row's first real token. The caller's mask
+        must hide the pad keys.
+        """
         if mask is None and x.shape[1] > 1:
             mask = "causal"
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, None if cache is None else cache[i])
+            x = layer(x, mask, None if cache is None else cache[i], left_pad)
         return self.norm(x)
 
 
@@ -255,7 +296,7 @@ class Qwen3ASR(nn.Module):
         if config.is_forced_aligner:
             self.lm_head = nn.Linear(t.hidden_size, config.classify_num, bias=False)
         elif not t.tie_word_embeddings:
-            self.lm_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)
+            self.lm_head = Linear(t.hidden_size, t.vocab_size, bias=False)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]
@@ -271,7 +312,10 @@ class Qwen3ASR(nn.Module):
     def logits(self, hidden: mx.array) -> mx.array:
         if "lm_head" in self:
             return self.lm_head(hidden)
-        return self.model.embed_tokens.as_linear(hidden)
+        embed = self.model.embed_tokens
+        if isinstance(embed, nn.Embedding) and hidden.size == hidden.shape[-1] and _on_cpu():
+            return (embed.weight @ hidden.reshape(-1, 1)).reshape(*hidden.shape[:-1], -1)
+        return embed.as_linear(hidden)
 
     def __call__(self, inputs_embeds: mx.array, mask=None, cache: list[KVCache] | None = None) -> mx.array:
         return self.logits(self.model(inputs_embeds, mask, cache))

@@ -411,7 +411,18 @@ def test_sigint_stops_cleanly_with_status_130(tmp_path, ckpt):
     log = tmp_path / "stdout.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlx_qwen3asr.cli.main", str(folder), *ALL, "--model", ckpt],
+            # One segment at a time, so that files finish one by one and the signal lands mid-run.
+            [
+                sys.executable,
+                "-m",
+                "mlx_qwen3asr.cli.main",
+                str(folder),
+                *ALL,
+                "--model",
+                ckpt,
+                "--batch-size",
+                "1",
+            ],
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,

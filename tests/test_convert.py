@@ -246,7 +246,11 @@ def test_round_trip(name, converted, original, reference, measurements):
     enc_fc1 = net.audio_tower.layers[1].fc1
     if decoder_bits is None:
         assert "quantization" not in config and "quantization_config" not in config
-        assert type(q_proj) is nn.Linear and type(net.model.embed_tokens) is nn.Embedding
+        assert (
+            isinstance(q_proj, nn.Linear)
+            and not isinstance(q_proj, nn.QuantizedLinear)
+            and type(net.model.embed_tokens) is nn.Embedding
+        )
     else:
         assert config["quantization"] == config["quantization_config"]
         assert {k: config["quantization"][k] for k in ("group_size", "bits", "mode")} == {
@@ -356,7 +360,7 @@ def test_group_size_that_does_not_divide(original, tmp_path, capsys):
     assert block["audio_tower.layers.0.fc1"] is False
     assert block["audio_tower.layers.0.fc2"] == {"group_size": 128, "bits": 8}  # 128 wide: quantized
     net = load(dst).net
-    assert type(net.model.layers[0].self_attn.q_proj) is nn.Linear
+    assert not isinstance(net.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
     assert type(net.model.embed_tokens) is nn.Embedding
     down = net.model.layers[0].mlp.down_proj  # input width 128
     assert isinstance(down, nn.QuantizedLinear) and (down.bits, down.group_size) == (4, 128)

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate
+from mlx_qwen3asr import generate, scheduler
 from mlx_qwen3asr.generate import ends_in_loop, token_budget
-
-# The package's `transcribe` attribute is the function; the module is reached through importlib.
-transcribe_module = importlib.import_module("mlx_qwen3asr.transcribe")
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +43,13 @@ def test_a_file_path_and_a_list_of_inputs(model, tmp_path):
 
 def test_forced_language_by_code_is_reported_and_placed_in_the_prompt(model, monkeypatch):
     prompts = []
-    real = transcribe_module.greedy_generate
+    real = scheduler.greedy_generate_batch
 
-    def spy(net, prompt_ids, *args, **kwargs):
-        prompts.append(prompt_ids)
-        return real(net, prompt_ids, *args, **kwargs)
+    def spy(net, prompt_batch, *args, **kwargs):
+        prompts.extend(prompt_batch)
+        return real(net, prompt_batch, *args, **kwargs)
 
-    monkeypatch.setattr(transcribe_module, "greedy_generate", spy)
+    monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
     result = mlx_qwen3asr.transcribe(model, test_signal(2.0), language="en")
     assert result.language == "English"
     assert all(s.language == "English" for s in result.segments)
@@ -68,7 +63,7 @@ def test_unsupported_language_fails_before_reading_audio(model):
 
 
 def test_a_segment_that_exhausts_its_budget_is_flagged_truncated(model, monkeypatch):
-    monkeypatch.setattr(transcribe_module, "token_budget", lambda seconds: 3)
+    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 3)
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
     result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=5))
     seg = result.segments[0]

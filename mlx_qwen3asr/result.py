@@ -1,0 +1,49 @@
+"""What transcription returns: timed segments and the text of a whole input."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Segment:
+    start: float  # seconds
+    end: float
+    text: str
+    language: str
+    truncated: bool = False  # the token budget ran out before the model finished
+    repetitive: bool = False  # the model ran into a loop; the repetition was collapsed
+
+
+@dataclass
+class Transcription:
+    text: str
+    language: str
+    segments: list[Segment] = field(default_factory=list)
+    duration: float = 0.0
+    source: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return any(s.truncated for s in self.segments)
+
+    @property
+    def repetitive(self) -> bool:
+        return any(s.repetitive for s in self.segments)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def main_language(segments: list[Segment]) -> str:
+    """The language spoken longest; segments without speech have none."""
+    time: Counter[str] = Counter()
+    for s in segments:
+        if s.language:
+            time[s.language] += s.end - s.start
+    return time.most_common(1)[0][0] if time else ""
+
+
+__all__ = ["Segment", "Transcription", "main_language"]

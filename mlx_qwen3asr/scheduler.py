@@ -1,0 +1,309 @@
+"""Scheduling: the segments of many inputs transcribed in batches, upcoming audio prepared meanwhile.
+
+Decoding reads every decoder weight once per step whatever the number of rows, so segments are
+decoded together, from one long file or from many files. Inputs are loaded, cut at quiet points and
+turned into mel spectrograms on a background thread while the model works; the pool of waiting
+segments is sorted by length before each batch so that rows of a batch need little padding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from .audio import SAMPLE_RATE, load_audio, log_mel_spectrogram, prepare_audio
+from .generate import greedy_generate_batch, token_budget
+from .loading import ASRModel
+from .model import encoder_batch
+from .prompt import build_prompt_ids, fix_repetitions_flag, join_texts, parse_output, resolve_language
+from .result import Segment, Transcription, main_language
+from .segment import Segment as Span
+from .segment import segment_audio, split_on_silence
+
+# Pieces of about 30 s transcribe more accurately than long ones (the model was tuned on short clips),
+# and a segment is the unit of timing in the output.
+DEFAULT_MAX_SEGMENT_SECONDS = 30.0
+# Encoder work per call, in 100-frame chunks: bounds activation memory however much audio a batch holds.
+ENCODER_CHUNKS_PER_CALL = 256
+# Rows decoded together at most. On a CPU the product of B rows with a weight stops being free once B
+# rows of arithmetic outweigh one read of the weights; GPUs keep gaining further.
+MAX_BATCH_CPU = 16
+MAX_BATCH_GPU = 32
+# Cache positions one row of a full-length (30 s) segment needs: ~400 prompt + ~410 new tokens.
+ROW_POSITIONS = 1024
+# Share of the available memory that the batch's KV cache may take.
+MEMORY_FRACTION = 0.25
+
+AudioInput = str | os.PathLike | np.ndarray | tuple
+
+
+def load_input(audio: AudioInput) -> tuple[np.ndarray, str | None]:
+    """A mono 16 kHz float32 waveform from a path, a 16 kHz array or `(array, sample_rate)`."""
+    if isinstance(audio, (str, os.PathLike)):
+        return load_audio(audio), str(audio)
+    if isinstance(audio, tuple) and len(audio) == 2:
+        array, rate = audio
+        return prepare_audio(np.asarray(array), int(rate)), None
+    if isinstance(audio, (np.ndarray, mx.array)):
+        return prepare_audio(np.asarray(audio), SAMPLE_RATE), None
+    raise TypeError(
+        f"unsupported audio input {type(audio).__name__}: give a path, an array, or (array, rate)"
+    )
+
+
+def _source(audio: AudioInput) -> str | None:
+    return str(audio) if isinstance(audio, (str, os.PathLike)) else None
+
+
+def available_memory() -> int:
+    """Bytes the process can still use (GPU working set on Apple silicon, free RAM elsewhere)."""
+    info = mx.device_info()
+    limit = info.get("max_recommended_working_set_size") or info.get("memory_size")
+    if limit:
+        return max(0, int(limit) - mx.get_active_memory())
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def auto_batch_size(model: ASRModel, memory: int | None = None) -> int:
+    """Rows to decode together: as many as the KV cache's memory share allows, up to the device's cap."""
+    t = model.config.text_config
+    per_row = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * model.dtype.size * ROW_POSITIONS
+    memory = available_memory() if memory is None else memory
+    cap = MAX_BATCH_CPU if mx.default_device() == mx.cpu else MAX_BATCH_GPU
+    return int(max(1, min(cap, memory * MEMORY_FRACTION // per_row)))
+
+
+def encode_segments(model: ASRModel, mels: Sequence[np.ndarray]) -> list[mx.array]:
+    """Audio features of each segment; segments share encoder calls up to a chunk budget."""
+    cfg = model.config.audio_config
+    features: list[mx.array] = []
+    group: list[np.ndarray] = []
+    chunks = 0
+
+    def flush() -> None:
+        batch = encoder_batch(group, cfg, model.dtype)
+        out = model.net.audio_tower(batch)
+        mx.eval(out)
+        offsets = np.cumsum([0, *batch.token_counts])
+        features.extend(out[offsets[i] : offsets[i + 1]] for i in range(len(group)))
+
+    for mel in mels:
+        n = -(-mel.shape[1] // cfg.chunk_frames)
+        if group and chunks + n > ENCODER_CHUNKS_PER_CALL:
+            flush()
+            group, chunks = [], 0
+        group.append(mel)
+        chunks += n
+    if group:
+        flush()
+    return features
+
+
+@dataclass
+class PreparedInput:
+    """An input made ready for the model: its waveform, its segments and their mel spectrograms."""
+
+    index: int
+    source: str | None
+    wav: np.ndarray
+    spans: list[Span]
+    mels: list[np.ndarray]
+    skipped: bool = False  # the `skip` predicate held: nothing is sent to the model
+
+
+def prepare_input(
+    index: int,
+    audio: AudioInput,
+    max_segment_seconds: float,
+    skip: Callable[[np.ndarray], bool] | None = None,
+) -> PreparedInput:
+    wav, source = load_input(audio)
+    skipped = skip is not None and skip(wav)
+    spans = [] if skipped else split_on_silence(wav, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
+    mels = [log_mel_spectrogram(segment_audio(wav, s, sample_rate=SAMPLE_RATE)) for s in spans]
+    return PreparedInput(index, source, wav, spans, mels, skipped)
+
+
+@dataclass
+class InputResult:
+    """The outcome for one input: a transcription, or the error that stopped it."""
+
+    index: int
+    source: str | None
+    transcription: Transcription | None = None
+    wav: np.ndarray | None = None
+    error: Exception | None = None
+    skipped: bool = False
+
+
+@dataclass
+class _Pending:
+    prepared: PreparedInput
+    segments: list[Segment | None]
+    reported: int = 0  # segments already passed to on_segment, in time order
+
+    @property
+    def complete(self) -> bool:
+        return all(s is not None for s in self.segments)
+
+
+@dataclass
+class _Task:
+    pending: _Pending
+    position: int  # segment number within its input
+    frames: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frames = self.pending.prepared.mels[self.position].shape[1]
+
+    @property
+    def span(self) -> Span:
+        return self.pending.prepared.spans[self.position]
+
+
+class _Decoder:
+    """Runs one batch of segments: encoder, prompts, batched greedy decoding, text."""
+
+    def __init__(self, model: ASRModel, language: str | None, context: str) -> None:
+        self.model, self.language, self.context = model, language, context
+        tok = model.tokenizer
+        self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
+
+    def __call__(self, tasks: Sequence[_Task]) -> list[Segment]:
+        model, tok = self.model, self.model.tokenizer
+        features = encode_segments(model, [t.pending.prepared.mels[t.position] for t in tasks])
+        prompts = [
+            build_prompt_ids(tok, int(f.shape[0]), context=self.context, language=self.language)
+            for f in features
+        ]
+        budgets = [token_budget(t.span.duration) for t in tasks]
+        generations = greedy_generate_batch(model.net, prompts, features, budgets, self.eos)
+        segments = []
+        for task, gen in zip(tasks, generations):
+            raw = tok.decode(gen.tokens, skip_special_tokens=True)
+            language, text = parse_output(raw, self.language)
+            _, collapsed = fix_repetitions_flag(raw.strip())
+            segments.append(
+                Segment(
+                    start=task.span.start_seconds,
+                    end=task.span.end_seconds,
+                    text=text,
+                    language=language,
+                    truncated=gen.truncated,
+                    repetitive=gen.repetitive or collapsed,
+                )
+            )
+        return segments
+
+
+def _assemble(prepared: PreparedInput, segments: list[Segment], language: str | None) -> Transcription:
+    language_out = language or main_language(segments)
+    return Transcription(
+        text=join_texts([s.text for s in segments], language_out),
+        language=language_out,
+        segments=segments,
+        duration=len(prepared.wav) / SAMPLE_RATE,
+        source=prepared.source,
+    )
+
+
+def transcribe_stream(
+    model: ASRModel,
+    inputs: Sequence[AudioInput],
+    *,
+    language: str | None = None,
+    context: str = "",
+    max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
+    batch_size: int | None = None,
+    skip: Callable[[np.ndarray], bool] | None = None,
+    on_segment: Callable[[int, Segment], None] | None = None,
+) -> Iterator[InputResult]:
+    """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
+
+    batch_size: segments decoded together (None: chosen from the model and the free memory).
+    skip: inputs whose waveform this returns True for are not sent to the model (empty result).
+    on_segment(input index, segment): each input's segments, in time order, as they become known.
+    An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
+    go on. Results come in the order inputs finish, which is not the input order.
+    """
+    forced = resolve_language(language)
+    size = max(1, int(batch_size)) if batch_size else auto_batch_size(model)
+    decode = _Decoder(model, forced, context)
+    inputs = list(inputs)
+    ahead = max(2, size)  # inputs being prepared in the background
+    queued: list[tuple[int, Future[PreparedInput]]] = []
+    submitted = 0
+    pool: list[_Task] = []
+    pending: dict[int, _Pending] = {}
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prepare")
+    try:
+        while True:
+            while submitted < len(inputs) and len(queued) < ahead:
+                args = (submitted, inputs[submitted], max_segment_seconds, skip)
+                queued.append((submitted, executor.submit(prepare_input, *args)))
+                submitted += 1
+            # Admit prepared inputs until the pool holds two batches: enough to sort by length.
+            if queued and len(pool) < 2 * size:
+                index, future = queued.pop(0)
+                try:
+                    prepared = future.result()
+                except Exception as e:  # unreadable audio: this input fails, the others go on
+                    yield InputResult(index, _source(inputs[index]), error=e)
+                    continue
+                if not prepared.spans:
+                    empty = _assemble(prepared, [], forced)
+                    yield InputResult(index, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
+                    continue
+                entry = _Pending(prepared, [None] * len(prepared.spans))
+                pending[index] = entry
+                pool.extend(_Task(entry, i) for i in range(len(prepared.spans)))
+                continue
+            if not pool:
+                break
+            pool.sort(key=lambda t: t.frames, reverse=True)
+            batch, pool = pool[:size], pool[size:]
+            touched = sorted({t.pending.prepared.index for t in batch})
+            try:
+                segments = decode(batch)
+            except Exception as e:  # e.g. out of memory: the inputs of this batch fail, the rest go on
+                pool = [t for t in pool if t.pending.prepared.index not in touched]
+                for index in touched:
+                    entry = pending.pop(index)
+                    yield InputResult(index, entry.prepared.source, wav=entry.prepared.wav, error=e)
+                continue
+            for task, seg in zip(batch, segments):
+                task.pending.segments[task.position] = seg
+            for index in touched:
+                entry = pending[index]
+                while entry.reported < len(entry.segments) and entry.segments[entry.reported] is not None:
+                    if on_segment is not None:
+                        on_segment(index, entry.segments[entry.reported])
+                    entry.reported += 1
+                if entry.complete:
+                    del pending[index]
+                    result = _assemble(entry.prepared, entry.segments, forced)
+                    yield InputResult(index, entry.prepared.source, result, entry.prepared.wav)
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = [
+    "DEFAULT_MAX_SEGMENT_SECONDS",
+    "InputResult",
+    "auto_batch_size",
+    "encode_segments",
+    "load_input",
+    "transcribe_stream",
+]

@@ -1,0 +1,213 @@
+"""Batched decoding and scheduling: every row decodes as it would alone."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import soundfile as sf
+from reference import test_signal
+
+import mlx_qwen3asr
+from mlx_qwen3asr import generate, scheduler
+from mlx_qwen3asr.audio import log_mel_spectrogram
+from mlx_qwen3asr.generate import greedy_generate, greedy_generate_batch
+from mlx_qwen3asr.model import KVCache
+from mlx_qwen3asr.prompt import build_prompt_ids
+from mlx_qwen3asr.scheduler import auto_batch_size, encode_segments, transcribe_stream
+
+SECONDS = [3.0, 11.5, 0.7, 7.9, 20.0]  # prompts of very different lengths: heavy left padding
+
+
+@pytest.fixture(scope="module")
+def model(checkpoints):
+    return mlx_qwen3asr.load(checkpoints("tiny"))
+
+
+@pytest.fixture(scope="module")
+def rows(model):
+    """Prompts and audio features of segments of different lengths."""
+    rng = np.random.default_rng(0)
+    mels = [
+        log_mel_spectrogram((rng.standard_normal(int(s * 16000)) * 0.1).astype(np.float32)) for s in SECONDS
+    ]
+    feats = encode_segments(model, mels)
+    prompts = [build_prompt_ids(model.tokenizer, int(f.shape[0]), context="", language=None) for f in feats]
+    return prompts, feats
+
+
+def eos_of(model):
+    tok = model.tokenizer
+    return frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
+
+
+# --- RoPE with a position offset per row ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("B,L", [(2, 1), (5, 1), (4, 7), (16, 3)])
+def test_rope_with_per_row_offsets_matches_each_row_alone(B, L):
+    """The decoder relies on mx.fast.rope taking a (B,) offset array (negative for left padding),
+    on inputs laid out as the attention transposes them."""
+    rng = np.random.default_rng(B * 100 + L)
+    x = mx.array(rng.standard_normal((B, L, 4, 128)).astype(np.float32)).transpose(0, 2, 1, 3)
+    offsets = rng.integers(-40, 900, size=B)
+    together = mx.fast.rope(x, 128, traditional=False, base=1e6, scale=1.0, offset=mx.array(offsets))
+    for b in range(B):
+        alone = mx.fast.rope(
+            x[b : b + 1], 128, traditional=False, base=1e6, scale=1.0, offset=int(offsets[b])
+        )
+        np.testing.assert_allclose(np.array(together[b]), np.array(alone[0]), rtol=0, atol=1e-6)
+    # And the rotation itself is right: row b at offset o equals a float64 rotation by positions o + l.
+    inv = 1e6 ** (-np.arange(0, 128, 2) / 128)
+    xb = np.array(x[B - 1], dtype=np.float64)
+    angle = (offsets[B - 1] + np.arange(L))[:, None] * inv[None, :]
+    expect = np.concatenate(
+        [
+            xb[..., :64] * np.cos(angle) - xb[..., 64:] * np.sin(angle),
+            xb[..., 64:] * np.cos(angle) + xb[..., :64] * np.sin(angle),
+        ],
+        axis=-1,
+    )
+    np.testing.assert_allclose(np.array(together[B - 1]), expect, atol=5e-4)
+
+
+# --- batched greedy decoding ------------------------------------------------------------------------
+
+
+def test_each_row_decodes_exactly_as_it_would_alone(model, rows):
+    prompts, feats = rows
+    budgets = [40, 25, 60, 3, 50]
+    eos = eos_of(model)
+    solo = [
+        greedy_generate(model.net, p, f, b, eos, keep_logits=True) for p, f, b in zip(prompts, feats, budgets)
+    ]
+    batch = greedy_generate_batch(model.net, prompts, feats, budgets, eos, keep_logits=True)
+    assert len(batch) == len(solo)
+    for alone, together in zip(solo, batch):
+        assert together.tokens == alone.tokens
+        assert (together.truncated, together.repetitive) == (alone.truncated, alone.repetitive)
+        assert len(together.logits) == len(alone.logits)
+        worst = max(float(mx.abs(a - b).max()) for a, b in zip(alone.logits, together.logits))
+        assert worst < 1e-3
+
+
+def test_rows_stop_at_their_own_eos_and_leave_the_batch(model, rows, monkeypatch):
+    prompts, feats = rows
+    eos = eos_of(model)
+    first = [greedy_generate(model.net, p, f, 30, eos) for p, f in zip(prompts, feats)]
+    # Declare one token each of two rows produce early an end token: those rows stop there.
+    stop = {first[1].tokens[4], first[3].tokens[9]}
+    stops = eos | stop
+    solo = [greedy_generate(model.net, p, f, 30, stops) for p, f in zip(prompts, feats)]
+    assert any(not g.truncated and len(g.tokens) < 30 for g in solo)
+
+    sizes = []
+    real_keep = KVCache.keep_rows
+
+    def spy(self, rows_kept):
+        sizes.append(int(rows_kept.size))
+        return real_keep(self, rows_kept)
+
+    monkeypatch.setattr(KVCache, "keep_rows", spy)
+    batch = greedy_generate_batch(model.net, prompts, feats, [30] * len(prompts), stops)
+    for alone, together in zip(solo, batch):
+        assert together.tokens == alone.tokens and together.truncated == alone.truncated
+    # The cache shrank as rows finished (once per layer each time).
+    assert sizes and min(sizes) < len(prompts)
+
+
+def test_prefill_sends_only_the_last_position_through_the_head(model, rows, monkeypatch):
+    prompts, feats = rows
+    shapes = []
+    real = type(model.net).logits
+
+    def spy(self, hidden):
+        shapes.append(hidden.shape)
+        return real(self, hidden)
+
+    monkeypatch.setattr(type(model.net), "logits", spy)
+    greedy_generate_batch(model.net, prompts[:3], feats[:3], [2, 2, 2], eos_of(model))
+    assert shapes[0] == (3, model.config.text_config.hidden_size)
+
+
+def test_a_zero_budget_row_and_an_empty_batch(model, rows):
+    prompts, feats = rows
+    assert greedy_generate_batch(model.net, [], [], [], eos_of(model)) == []
+    out = greedy_generate_batch(model.net, prompts[:2], feats[:2], [0, 5], eos_of(model))
+    assert out[0].tokens == [] and out[0].truncated
+    assert out[1].tokens == greedy_generate(model.net, prompts[1], feats[1], 5, eos_of(model)).tokens
+
+
+# --- scheduling --------------------------------------------------------------------------------------
+
+
+def inputs_for_test():
+    return [
+        test_signal(65.0, seed=3),
+        test_signal(3.0, seed=1),
+        (test_signal(5.0, seed=2), 16000),
+        test_signal(12.0, seed=4),
+    ]
+
+
+def test_batch_size_does_not_change_any_text(model, monkeypatch):
+    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)  # same work whatever stops a row
+    one = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=1)
+    many = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=6)
+    assert [r.text for r in one] == [r.text for r in many]
+    assert [[(s.start, s.end, s.text) for s in r.segments] for r in one] == [
+        [(s.start, s.end, s.text) for s in r.segments] for r in many
+    ]
+
+
+def test_segments_of_several_inputs_share_batches(model, monkeypatch):
+    sizes = []
+    real = scheduler.greedy_generate_batch
+
+    def spy(net, prompts, *args, **kwargs):
+        sizes.append(len(prompts))
+        return real(net, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
+    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4)
+    # 3 + 1 + 1 + 1 segments: a batch of 4, then the other 2.
+    assert sizes == [4, 2]
+
+
+def test_stream_reports_bad_inputs_and_keeps_going(model, tmp_path):
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"not audio at all")
+    good = tmp_path / "good.flac"
+    sf.write(good, test_signal(4.0, seed=7), 16000)
+    seen: dict[int, list] = {}
+    results = list(
+        transcribe_stream(
+            model,
+            [str(good), str(bad), test_signal(40.0, seed=8)],
+            batch_size=3,
+            on_segment=lambda i, seg: seen.setdefault(i, []).append(seg),
+        )
+    )
+    by_index = {r.index: r for r in results}
+    assert sorted(by_index) == [0, 1, 2]
+    assert by_index[1].error is not None and "broken.wav" in str(by_index[1].error)
+    assert by_index[0].error is None and by_index[0].transcription.source == str(good)
+    long = by_index[2].transcription
+    assert len(long.segments) == 2
+    # on_segment saw each input's segments in time order, the same ones the result holds.
+    assert seen[2] == long.segments and seen[0] == by_index[0].transcription.segments
+
+
+def test_skip_predicate_keeps_audio_from_the_model(model):
+    results = list(transcribe_stream(model, [np.zeros(32000, np.float32)], skip=lambda wav: True))
+    assert len(results) == 1 and results[0].skipped
+    assert results[0].transcription.segments == [] and results[0].transcription.duration == 2.0
+
+
+def test_auto_batch_size_follows_memory_and_the_device_cap(model):
+    t = model.config.text_config
+    row = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 4 * scheduler.ROW_POSITIONS
+    assert auto_batch_size(model, memory=0) == 1
+    assert auto_batch_size(model, memory=int(row / scheduler.MEMORY_FRACTION) * 3) == 3
+    assert auto_batch_size(model, memory=1 << 50) == scheduler.MAX_BATCH_CPU
+    assert 1 <= auto_batch_size(model) <= scheduler.MAX_BATCH_CPU

@@ -1,0 +1,448 @@
+"""Benchmark mlx_qwen3asr: stage times, decode speed per batch size, throughput, and ratios against peers.
+
+    python tools/bench.py --mode clip                       # one 10 s clip: latency
+    python tools/bench.py --mode file --file-seconds 600    # one long file
+    python tools/bench.py --mode folder --files 16          # a folder of 20 s files: throughput
+    python tools/bench.py --mode all --peers --peer-python /path/to/peers-venv/bin/python --json out.json
+
+Without --model, a random-weight 0.6b checkpoint in the release layout is built once under
+checkpoints/ (tools/make_checkpoint.py). Random weights rarely emit EOS, so every segment decodes
+exactly --new-tokens tokens (EOS and loop stops off): equal work for every system measured. With
+--peers the same checkpoint and the same audio files go through moona3k's mlx-qwen3-asr and
+mlx-audio (tools/peers.py, run with --peer-python, an environment that has them), and the table gives
+our wall time divided by theirs. Stage times come from the end-to-end runs themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# isort: off
+# mlx_qwen3asr goes first: it preloads OpenBLAS, which MLX's CPU matmul only picks up if loaded before it.
+import mlx_qwen3asr  # noqa: E402
+import mlx.core as mx  # noqa: E402
+
+# isort: on
+import numpy as np  # noqa: E402
+import soundfile as sf  # noqa: E402
+
+from mlx_qwen3asr import _blas, generate, scheduler  # noqa: E402
+from mlx_qwen3asr.audio import SAMPLE_RATE, load_audio, log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr.generate import greedy_generate_batch  # noqa: E402
+from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
+from mlx_qwen3asr.segment import segment_audio, split_on_silence  # noqa: E402
+
+MODES = ("clip", "file", "folder")
+PEERS = ("moona3k", "mlx-audio")
+
+
+# --------------------------------------------------------------------------------------------------
+# Audio
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """Syllable-rate bursts of harmonics and noise with pauses: cuts fall in quiet gaps, like speech."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * SAMPLE_RATE)
+    t = np.arange(n) / SAMPLE_RATE
+    f0 = 120 + 40 * np.sin(2 * np.pi * 0.3 * t + seed)
+    phase = 2 * np.pi * np.cumsum(f0) / SAMPLE_RATE
+    voice = sum(np.sin(k * phase) / k for k in range(1, 6))
+    syllables = np.clip(np.sin(2 * np.pi * 4.0 * t) * 1.5, 0, 1)
+    pauses = (np.sin(2 * np.pi * 0.17 * t + seed) > -0.8).astype(np.float64)
+    wav = 0.2 * syllables * pauses * (0.8 * voice + 0.2 * rng.standard_normal(n))
+    return wav.astype(np.float32)
+
+
+def write_audio(folder: Path, mode: str, args: argparse.Namespace) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    lengths = {
+        "clip": [args.clip_seconds],
+        "file": [args.file_seconds],
+        "folder": [args.folder_seconds] * args.files,
+    }[mode]
+    paths = []
+    for i, seconds in enumerate(lengths):
+        path = folder / f"{mode}-{i:02d}.wav"
+        sf.write(path, speechlike(seconds, seed=i), SAMPLE_RATE, subtype="PCM_16")
+        paths.append(path)
+    return paths
+
+
+# --------------------------------------------------------------------------------------------------
+# Our side
+
+
+@dataclass
+class Run:
+    wall_s: float
+    stages: dict[str, float]
+    segments: int
+    tokens: int
+    peak_memory_bytes: int
+
+
+@dataclass
+class Stages:
+    """Time spent per stage during one end-to-end run (wrappers around the scheduler's calls)."""
+
+    times: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    segments: int = 0
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.times[stage] = self.times.get(stage, 0.0) + seconds
+
+
+def instrument(stages: Stages, new_tokens: int):
+    """Patch the scheduler so every segment decodes exactly new_tokens tokens, and time the stages."""
+    real_prepare = scheduler.prepare_input
+    real_encode = scheduler.encode_segments
+    real_generate = scheduler.greedy_generate_batch
+
+    def prepare_input(index, audio, max_segment_seconds, skip=None):
+        # Runs on the scheduler's background thread, overlapping model work.
+        start = time.perf_counter()
+        wav, source = scheduler.load_input(audio)
+        decoded = time.perf_counter()
+        spans = split_on_silence(wav, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
+        mels = [log_mel_spectrogram(segment_audio(wav, s, sample_rate=SAMPLE_RATE)) for s in spans]
+        stages.add("audio decode", decoded - start)
+        stages.add("mel + cutting", time.perf_counter() - decoded)
+        return scheduler.PreparedInput(index, source, wav, spans, mels)
+
+    def encode_segments(model, mels):
+        start = time.perf_counter()
+        out = real_encode(model, mels)
+        stages.add("encoder", time.perf_counter() - start)
+        return out
+
+    def greedy(net, prompts, features, budgets, eos_ids, **kwargs):
+        start = time.perf_counter()
+        first = []
+        out = real_generate(
+            net,
+            prompts,
+            features,
+            [new_tokens] * len(prompts),
+            frozenset(),
+            on_first_tokens=lambda: first.append(time.perf_counter()),
+        )
+        end = time.perf_counter()
+        stages.add("prefill", first[0] - start)
+        stages.add("decode", end - first[0])
+        stages.tokens += sum(len(g.tokens) for g in out)
+        stages.segments += len(out)
+        return out
+
+    scheduler.prepare_input = prepare_input
+    scheduler.encode_segments = encode_segments
+    scheduler.greedy_generate_batch = greedy
+    generate.LOOP_CHECK_EVERY = 1 << 30
+
+    def restore():
+        scheduler.prepare_input = real_prepare
+        scheduler.encode_segments = real_encode
+        scheduler.greedy_generate_batch = real_generate
+
+    return restore
+
+
+def run_ours(model, paths: list[Path], new_tokens: int, batch_size: int | None) -> Run:
+    stages = Stages()
+    restore = instrument(stages, new_tokens)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    try:
+        start = time.perf_counter()
+        results = list(scheduler.transcribe_stream(model, [str(p) for p in paths], batch_size=batch_size))
+        wall = time.perf_counter() - start
+    finally:
+        restore()
+    for r in results:
+        if r.error is not None:
+            raise r.error
+    return Run(wall, dict(stages.times), stages.segments, stages.tokens, int(mx.get_peak_memory()))
+
+
+def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: float = 5.0) -> dict[int, float]:
+    """Milliseconds per decode step with B rows (prefill excluded), B rows of one 5 s prompt."""
+    wav = speechlike(prompt_seconds, seed=99)
+    feats = scheduler.encode_segments(model, [log_mel_spectrogram(wav)])[0]
+    prompt = build_prompt_ids(model.tokenizer, int(feats.shape[0]), context="", language=None)
+    out = {}
+    for b in batch_sizes:
+        times = []
+        for _ in range(2):
+            marks: list[float] = []
+            mark = marks.append
+            greedy_generate_batch(
+                model.net,
+                [prompt] * b,
+                [feats] * b,
+                [steps] * b,
+                frozenset(),
+                on_first_tokens=lambda mark=mark: mark(time.perf_counter()),
+            )
+            times.append((time.perf_counter() - marks[0]) / (steps - 1))
+        out[b] = min(times) * 1000
+    return out
+
+
+def memory_bandwidth() -> float:
+    """Bytes per second the CPU reads: numpy sums over a 1 GiB array split across all cores, best of 5."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones(1 << 28, dtype=np.float32)
+    parts = np.array_split(a, os.cpu_count() or 1)
+    best = math.inf
+    with ThreadPoolExecutor(len(parts)) as pool:
+        for _ in range(5):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - start)
+    return a.nbytes / best
+
+
+def decoder_bytes(model) -> int:
+    """Bytes one decode step reads: the decoder's weights and the vocabulary head."""
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.net.model.parameters()))
+
+
+def encoder_scaling(model, seconds: list[float]) -> dict[float, float]:
+    """Encoder seconds per audio second for one segment of each length."""
+    out = {}
+    for s in seconds:
+        mel = log_mel_spectrogram(speechlike(s, seed=7))
+        scheduler.encode_segments(model, [mel[:, :200]])  # warm
+        start = time.perf_counter()
+        scheduler.encode_segments(model, [mel])
+        out[s] = (time.perf_counter() - start) / s
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Peers
+
+
+def run_peer(
+    python: str, peer: str, model: Path, paths: list[Path], new_tokens: int, mode: str, runs: int
+) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    cmd = [python, str(REPO_ROOT / "tools" / "peers.py"), "--peer", peer, "--model", str(model)]
+    cmd += ["--new-tokens", str(new_tokens), "--mode", mode, "--runs", str(runs), "--json", str(out)]
+    cmd += [str(p) for p in paths]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode not in (0, 1) or not out.exists() or out.stat().st_size == 0:
+        return {"peer": peer, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    data = json.loads(out.read_text())
+    out.unlink()
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(mode: str, audio_seconds: float, runs: list[Run], load_s: float) -> dict:
+    stages = {k: median([r.stages.get(k, 0.0) for r in runs]) for k in runs[0].stages}
+    wall = median([r.wall_s for r in runs])
+    tokens = runs[0].tokens
+    return {
+        "mode": mode,
+        "audio_seconds": audio_seconds,
+        "runs": [r.__dict__ for r in runs],
+        "load_s": load_s,
+        "median_wall_s": wall,
+        "stages_s": stages,
+        "segments": runs[0].segments,
+        "tokens": tokens,
+        "x_realtime": audio_seconds / wall,
+        "tokens_per_s": tokens / wall,
+        "decode_ms_per_token": 1000 * stages.get("decode", 0.0) / max(tokens - runs[0].segments, 1),
+        "peak_memory_mb": max(r.peak_memory_bytes for r in runs) / 2**20,
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"machine: {report['machine']}; mlx {report['mlx']} ({report['device']}); dtype {report['dtype']}; "
+        f"OpenBLAS: {report['openblas'] or 'no'}",
+        f"model: {report['model']}; {report['new_tokens']} new tokens per segment; medians of {report['runs']} runs",
+        "",
+        "| mode | audio | segments | load s | decode+mel s | encoder s | prefill s | decode s | ms/token | wall s "
+        "| x realtime | tokens/s | peak MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in report["modes"]:
+        st = m["stages_s"]
+        lines.append(
+            f"| {m['mode']} | {m['audio_seconds']:.0f} s | {m['segments']} | {m['load_s']:.2f} "
+            f"| {st.get('audio decode', 0) + st.get('mel + cutting', 0):.2f} | {st.get('encoder', 0):.2f} "
+            f"| {st.get('prefill', 0):.2f} | {st.get('decode', 0):.2f} | {m['decode_ms_per_token']:.1f} "
+            f"| {m['median_wall_s']:.2f} | {m['x_realtime']:.1f} | {m['tokens_per_s']:.1f} | {m['peak_memory_mb']:.0f} |"
+        )
+    if report.get("decode_sweep_ms"):
+        lines += [
+            "",
+            "| decode rows B | ms per step | ms per token | tokens/s |",
+            "| --- | --- | --- | --- |",
+        ]
+        for b, ms in report["decode_sweep_ms"].items():
+            lines.append(f"| {b} | {ms:.1f} | {ms / int(b):.1f} | {1000 * int(b) / ms:.1f} |")
+        floor = report["bandwidth_floor_ms"]
+        one = report["decode_sweep_ms"].get("1") or report["decode_sweep_ms"].get(1)
+        if one:
+            lines.append(
+                f"\nbandwidth floor per step: {floor:.1f} ms ({report['decoder_mb']:.0f} MB of decoder weights at "
+                f"{report['bandwidth_gbs']:.1f} GB/s); batch-1 step = {one / floor:.2f}x the floor"
+            )
+    if report.get("encoder_s_per_audio_s"):
+        cells = ", ".join(
+            f"{float(k):g} s: {v * 1000:.1f} ms" for k, v in report["encoder_s_per_audio_s"].items()
+        )
+        lines.append(f"\nencoder time per audio second: {cells}")
+    if report.get("peers"):
+        lines += [
+            "",
+            "| mode | system | segments | tokens | wall s (median) | load s | ours / theirs | speed-up |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        ours = {m["mode"]: m for m in report["modes"]}
+        for p in report["peers"]:
+            m = ours[p["mode"]]
+            if p.get("error"):
+                lines.append(f"| {p['mode']} | {p['peer']} | failed: {p['error']} | | | | | |")
+                continue
+            segs = sum(p.get("segments_per_file") or [])
+            ratio = m["median_wall_s"] / p["median_wall_s"]
+            lines.append(
+                f"| {p['mode']} | {p['peer']} {p.get('version', '')} | {segs} | {p['runs'][0]['tokens']} "
+                f"| {p['median_wall_s']:.2f} | {p['load_s']:.2f} | {ratio:.2f} | {1 / ratio:.2f}x |"
+            )
+        for m in report["modes"]:
+            lines.append(
+                f"| {m['mode']} | mlx_qwen3asr | {m['segments']} | {m['tokens']} | {m['median_wall_s']:.2f} "
+                f"| {m['load_s']:.2f} | 1.00 | 1.00x |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="checkpoint directory or repo id (default: random 0.6b, built once)")
+    ap.add_argument("--mode", choices=(*MODES, "all"), default="all")
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per segment (default 64)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=None, help="rows decoded together (default: automatic)")
+    ap.add_argument("--clip-seconds", type=float, default=10.0)
+    ap.add_argument("--file-seconds", type=float, default=600.0)
+    ap.add_argument("--folder-seconds", type=float, default=20.0)
+    ap.add_argument("--files", type=int, default=16)
+    ap.add_argument("--sweep", default="1,4,8,16", help="batch sizes for the decode-step sweep ('' skips it)")
+    ap.add_argument("--sweep-steps", type=int, default=16)
+    ap.add_argument(
+        "--encoder-seconds", default="10,60,300", help="audio lengths for encoder scaling ('' skips)"
+    )
+    ap.add_argument("--peers", action="store_true", help="also run moona3k's mlx-qwen3-asr and mlx-audio")
+    ap.add_argument("--peer-python", default=sys.executable, help="python of an environment with the peers")
+    ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
+    ap.add_argument("--json", help="write the full report here")
+    args = ap.parse_args(argv)
+
+    if args.model:
+        model_path = Path(args.model)
+    else:
+        model_path = REPO_ROOT / "checkpoints" / "random-0.6b"
+        if not (model_path / "config.json").exists():
+            from tools.make_checkpoint import write_checkpoint
+
+            print(f"building {model_path}", file=sys.stderr)
+            write_checkpoint(model_path, "0.6b", seed=0)
+    modes = list(MODES) if args.mode == "all" else [args.mode]
+
+    start = time.perf_counter()
+    model = mlx_qwen3asr.load(str(model_path), dtype=args.dtype)
+    load_s = time.perf_counter() - start
+    report: dict = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} {mx.device_info().get('device_name', '')}".strip(),
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "dtype": str(model.dtype).replace("mlx.core.", ""),
+        "openblas": _blas.loaded,
+        "model": str(model_path),
+        "new_tokens": args.new_tokens,
+        "runs": args.runs,
+        "batch_size": args.batch_size or scheduler.auto_batch_size(model),
+        "modes": [],
+        "peers": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-audio-") as tmp:
+        for mode in modes:
+            paths = write_audio(Path(tmp) / mode, mode, args)
+            seconds = sum(len(load_audio(p)) for p in paths) / SAMPLE_RATE
+            run_ours(model, paths[:1], min(args.new_tokens, 4), args.batch_size)  # warm-up
+            runs = []
+            for i in range(args.runs):
+                runs.append(run_ours(model, paths, args.new_tokens, args.batch_size))
+                print(f"{mode} run {i + 1}: {runs[-1].wall_s:.2f} s", file=sys.stderr)
+            report["modes"].append(summarize(mode, seconds, runs, load_s))
+            if args.peers:
+                for peer in PEERS:
+                    print(f"{mode}: running {peer}", file=sys.stderr)
+                    result = run_peer(
+                        args.peer_python,
+                        peer,
+                        model_path,
+                        paths,
+                        args.new_tokens,
+                        mode,
+                        args.peer_runs or args.runs,
+                    )
+                    result["mode"] = mode
+                    report["peers"].append(result)
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if args.sweep:
+        sizes = [int(b) for b in args.sweep.split(",")]
+        report["decode_sweep_ms"] = {
+            str(b): ms for b, ms in decode_sweep(model, sizes, args.sweep_steps).items()
+        }
+        bandwidth = memory_bandwidth()
+        report["bandwidth_gbs"] = bandwidth / 1e9
+        report["decoder_mb"] = decoder_bytes(model) / 1e6
+        report["bandwidth_floor_ms"] = 1000 * decoder_bytes(model) / bandwidth
+    if args.encoder_seconds:
+        lengths = [float(s) for s in args.encoder_seconds.split(",")]
+        report["encoder_s_per_audio_s"] = {str(k): v for k, v in encoder_scaling(model, lengths).items()}
+    report["markdown"] = markdown(report)
+    print(report["markdown"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
