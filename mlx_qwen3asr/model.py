@@ -23,16 +23,19 @@ from .config import AudioConfig, ModelConfig, TextConfig, conv_output_length
 class EncoderBatch:
     """The audio of one or more segments, laid out for the encoder.
 
+    The transformer's dense parts run on the T real tokens only; attention runs on windows.
     chunks:   (N, n_mels, chunk_frames, 1) mel chunks of every segment, in order; tails zero-padded.
-    scatter:  (W * window_tokens,) row of the flattened conv output (or the zero row N * tokens_per_chunk)
-              for every slot of every attention window.
+    rows:     (T,) row of the flattened conv output (N * tokens_per_chunk rows) holding each real token,
+              segments one after another.
+    slots:    (W * window_tokens,) token of every attention window slot, or T for an empty slot.
     key_mask: (W, window_tokens) True where a window slot holds a real token; None when all do.
-    gather:   (T,) slot of each real token, segments one after another.
+    gather:   (T,) slot of each real token.
     token_counts: audio tokens per segment (sum T).
     """
 
     chunks: mx.array
-    scatter: mx.array
+    rows: mx.array
+    slots: mx.array
     key_mask: mx.array | None
     gather: mx.array
     token_counts: list[int]
@@ -53,18 +56,26 @@ class AudioAttention(nn.Module):
         self.num_heads = config.encoder_attention_heads
         self.head_dim = d // self.num_heads
         self.scale = self.head_dim**-0.5
+        self.window = config.tokens_per_chunk * config.chunks_per_window
         self.q_proj = nn.Linear(d, d, bias=True)
         self.k_proj = nn.Linear(d, d, bias=True)
         self.v_proj = nn.Linear(d, d, bias=True)
         self.out_proj = nn.Linear(d, d, bias=True)
 
-    def __call__(self, x: mx.array, mask: mx.array | None = None) -> mx.array:
-        W, L, D = x.shape  # a batch of attention windows
-        q = self.q_proj(x).reshape(W, L, self.num_heads, -1).transpose(0, 2, 1, 3)
-        k = self.k_proj(x).reshape(W, L, self.num_heads, -1).transpose(0, 2, 1, 3)
-        v = self.v_proj(x).reshape(W, L, self.num_heads, -1).transpose(0, 2, 1, 3)
+    def __call__(self, x: mx.array, batch: EncoderBatch) -> mx.array:
+        """(T, D) packed tokens -> (T, D); each token attends within its window."""
+        T, D = x.shape
+        pad = mx.zeros((1, D), dtype=x.dtype)
+
+        def windows(y: mx.array) -> mx.array:
+            y = mx.concatenate([y, pad], axis=0)[batch.slots]
+            return y.reshape(-1, self.window, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+        q, k, v = windows(self.q_proj(x)), windows(self.k_proj(x)), windows(self.v_proj(x))
+        mask = None if batch.key_mask is None else batch.key_mask[:, None, None, :]
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(W, L, D))
+        out = out.transpose(0, 2, 1, 3).reshape(-1, D)[batch.gather]
+        return self.out_proj(out)
 
 
 class AudioEncoderLayer(nn.Module):
@@ -77,8 +88,8 @@ class AudioEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
 
-    def __call__(self, x: mx.array, mask: mx.array | None = None) -> mx.array:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
+    def __call__(self, x: mx.array, batch: EncoderBatch) -> mx.array:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), batch)
         return x + self.fc2(nn.gelu(self.fc1(self.final_layer_norm(x))))
 
 
@@ -117,14 +128,9 @@ class AudioEncoder(nn.Module):
             for i in range(0, batch.chunks.shape[0], conv_group)
         ]
         x = groups[0] if len(groups) == 1 else mx.concatenate(groups, axis=0)
-        N, T, D = x.shape
-        x = mx.concatenate([x.reshape(N * T, D), mx.zeros((1, D), dtype=x.dtype)], axis=0)
-        window = self.config.tokens_per_chunk * self.config.chunks_per_window
-        x = x[batch.scatter].reshape(-1, window, D)
-        mask = None if batch.key_mask is None else batch.key_mask[:, None, None, :]
+        x = x.reshape(-1, x.shape[-1])[batch.rows]
         for layer in self.layers:
-            x = layer(x, mask)
-        x = x.reshape(-1, D)[batch.gather]
+            x = layer(x, batch)
         x = self.ln_post(x)
         return self.proj2(nn.gelu(self.proj1(x)))
 
@@ -351,9 +357,9 @@ def encoder_batch(mels: list[np.ndarray], config: AudioConfig, dtype=mx.float32)
     """Lay out the mel spectrograms of several segments for one encoder call."""
     cf, tpc, cpw = config.chunk_frames, config.tokens_per_chunk, config.chunks_per_window
     window = tpc * cpw
-    chunk_arrays, scatter, valid, gather, counts = [], [], [], [], []
+    chunk_arrays, slot_rows = [], []
     chunk_base = 0
-    slot_base = 0
+    counts = []
     for mel in mels:
         L = mel.shape[1]
         if L == 0:
@@ -363,24 +369,26 @@ def encoder_batch(mels: list[np.ndarray], config: AudioConfig, dtype=mx.float32)
         per_chunk = np.full(n_chunks, tpc)
         per_chunk[-1] = conv_output_length(L - (n_chunks - 1) * cf)
         n_windows = -(-n_chunks // cpw)
-        slots = np.full(n_windows * window, -1, dtype=np.int64)
+        # Each window slot holds a conv-output row, or -1 where the window is not full.
+        rows = np.full(n_windows * window, -1, dtype=np.int64)
         for c in range(n_chunks):
             start = (c // cpw) * window + (c % cpw) * tpc
-            slots[start : start + per_chunk[c]] = (chunk_base + c) * tpc + np.arange(per_chunk[c])
-        scatter.append(slots)
-        valid.append(slots >= 0)
-        gather.append(slot_base + np.flatnonzero(slots >= 0))
+            rows[start : start + per_chunk[c]] = (chunk_base + c) * tpc + np.arange(per_chunk[c])
+        slot_rows.append(rows)
         counts.append(int(per_chunk.sum()))
         chunk_base += n_chunks
-        slot_base += slots.size
-    scatter_all = np.concatenate(scatter)
-    scatter_all[scatter_all < 0] = chunk_base * tpc  # the zero row
-    valid_all = np.concatenate(valid).reshape(-1, window)
+    slot_rows_all = np.concatenate(slot_rows)
+    valid = slot_rows_all >= 0
+    gather = np.flatnonzero(valid)  # slot of each real token, in order
+    slots = np.full(slot_rows_all.size, gather.size, dtype=np.int64)  # empty slots -> the zero row
+    slots[gather] = np.arange(gather.size)
+    valid_windows = valid.reshape(-1, window)
     return EncoderBatch(
         chunks=mx.array(np.concatenate(chunk_arrays, axis=0)).astype(dtype),
-        scatter=mx.array(scatter_all.astype(np.int32)),
-        key_mask=None if valid_all.all() else mx.array(valid_all),
-        gather=mx.array(np.concatenate(gather).astype(np.int32)),
+        rows=mx.array(slot_rows_all[gather].astype(np.int32)),
+        slots=mx.array(slots.astype(np.int32)),
+        key_mask=None if valid_windows.all() else mx.array(valid_windows),
+        gather=mx.array(gather.astype(np.int32)),
         token_counts=counts,
     )
 
