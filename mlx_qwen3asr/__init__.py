@@ -13,6 +13,7 @@ preload_openblas()
 from .audio import AudioError, load_audio  # noqa: E402
 from .loading import ASRModel, ModelLoadError, load  # noqa: E402
 from .prompt import SUPPORTED_LANGUAGES  # noqa: E402
+from .scheduler import InputResult, transcribe_stream  # noqa: E402
 from .transcribe import Segment, Transcription, transcribe  # noqa: E402
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ASRModel",
     "AudioError",
+    "InputResult",
     "ModelLoadError",
     "SUPPORTED_LANGUAGES",
     "Segment",
@@ -27,4 +29,5 @@ __all__ = [
     "load",
     "load_audio",
     "transcribe",
+    "transcribe_stream",
 ]

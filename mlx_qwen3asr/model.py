@@ -121,18 +121,17 @@ class AudioEncoder(nn.Module):
         x = self.conv_out(x.transpose(0, 2, 3, 1).reshape(N, T, C * F))
         return x + self._positions[:T].astype(x.dtype)
 
-    def __call__(self, batch: EncoderBatch, conv_group: int = 128) -> mx.array:
-        """Encode a batch of segments; returns (T, output_dim), segments one after another."""
-        groups = [
-            self.embed_chunks(batch.chunks[i : i + conv_group])
-            for i in range(0, batch.chunks.shape[0], conv_group)
-        ]
-        x = groups[0] if len(groups) == 1 else mx.concatenate(groups, axis=0)
+    def encode_embedded(self, x: mx.array, batch: EncoderBatch) -> mx.array:
+        """(N, tokens_per_chunk, d_model) chunk embeddings of a batch -> (T, output_dim) features."""
         x = x.reshape(-1, x.shape[-1])[batch.rows]
         for layer in self.layers:
             x = layer(x, batch)
         x = self.ln_post(x)
         return self.proj2(nn.gelu(self.proj1(x)))
+
+    def __call__(self, batch: EncoderBatch) -> mx.array:
+        """Encode a batch of segments; returns (T, output_dim), segments one after another."""
+        return self.encode_embedded(self.embed_chunks(batch.chunks), batch)
 
 
 # --------------------------------------------------------------------------------------------------

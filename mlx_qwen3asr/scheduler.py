@@ -30,6 +30,8 @@ from .segment import segment_audio, split_on_silence
 DEFAULT_MAX_SEGMENT_SECONDS = 30.0
 # Encoder work per call, in 100-frame chunks: bounds activation memory however much audio a batch holds.
 ENCODER_CHUNKS_PER_CALL = 256
+# Chunks through the conv stem at once (measured on a CPU: 8 is ~20% faster than 80, and bounds memory).
+STEM_CHUNKS = 8
 # Rows decoded together at most. Tokens per second still grow up to here on a 2-core CPU (0.6b: 41 at
 # 16 rows, 58 at 32); past it, long prompts' prefill would hold too much attention memory at once.
 MAX_BATCH = 32
@@ -92,7 +94,14 @@ def encode_segments(model: ASRModel, mels: Sequence[np.ndarray]) -> list[mx.arra
 
     def flush() -> None:
         batch = encoder_batch(group, cfg, model.dtype)
-        out = model.net.audio_tower(batch)
+        tower = model.net.audio_tower
+        # The conv stem's activations are the largest of the encoder: evaluated a few chunks at a time
+        # they stay in cache and bounded.
+        stem = []
+        for i in range(0, batch.chunks.shape[0], STEM_CHUNKS):
+            stem.append(tower.embed_chunks(batch.chunks[i : i + STEM_CHUNKS]))
+            mx.eval(stem[-1])
+        out = tower.encode_embedded(mx.concatenate(stem, axis=0), batch)
         mx.eval(out)
         offsets = np.cumsum([0, *batch.token_counts])
         features.extend(out[offsets[i] : offsets[i + 1]] for i in range(len(group)))
