@@ -169,7 +169,7 @@ def test_ctrl_c_during_the_renames_is_held_until_the_set_is_complete(tmp_path, m
     real_replace = os.replace
 
     def replace(src, dst):
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # to this thread: the handler runs before the next line
         real_replace(src, dst)
 
     monkeypatch.setattr(writers.os, "replace", replace)

@@ -336,9 +336,10 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {p['mode']} | {p['peer']} | failed: {p['error']} | | | | | |")
                 continue
             segs = sum(p.get("segments_per_file") or [])
+            earlier = " (earlier run)" if p.get("reused_from_earlier_run") else ""
             ratio = m["median_wall_s"] / p["median_wall_s"]
             lines.append(
-                f"| {p['mode']} | {p['peer']} {p.get('version', '')} | {segs} | {p['runs'][0]['tokens']} "
+                f"| {p['mode']} | {p['peer']} {p.get('version', '')}{earlier} | {segs} | {p['runs'][0]['tokens']} "
                 f"| {p['median_wall_s']:.2f} | {p['load_s']:.2f} | {ratio:.2f} | {1 / ratio:.2f}x |"
             )
         for m in report["modes"]:
@@ -369,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", action="store_true", help="also run moona3k's mlx-qwen3-asr and mlx-audio")
     ap.add_argument("--peer-python", default=sys.executable, help="python of an environment with the peers")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
+    ap.add_argument(
+        "--peer-results",
+        nargs="*",
+        default=[],
+        metavar="JSON",
+        help="take the peers' figures from earlier --json reports (same checkpoint, audio and --new-tokens) "
+        "instead of running them again",
+    )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
 
@@ -409,7 +418,16 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_ours(model, paths, args.new_tokens, args.batch_size))
                 print(f"{mode} run {i + 1}: {runs[-1].wall_s:.2f} s", file=sys.stderr)
             report["modes"].append(summarize(mode, seconds, runs, load_s))
-            if args.peers:
+            earlier = [
+                p
+                for f in args.peer_results
+                for p in json.loads(Path(f).read_text()).get("peers", [])
+                if p.get("mode") == mode and p.get("new_tokens") == args.new_tokens
+            ]
+            for p in earlier:
+                p["reused_from_earlier_run"] = True
+            report["peers"].extend(earlier)
+            if args.peers and not earlier:
                 for peer in PEERS:
                     print(f"{mode}: running {peer}", file=sys.stderr)
                     result = run_peer(
