@@ -174,8 +174,13 @@ def test_ctrl_c_during_the_renames_is_held_until_the_set_is_complete(tmp_path, m
 
     monkeypatch.setattr(writers.os, "replace", replace)
     a, b = tmp_path / "a.srt", tmp_path / "b.srt"
-    with pytest.raises(KeyboardInterrupt):
-        atomic_write_files({a: "a\n", b: "b\n"})
+    # Python's own Ctrl-C handler, whatever earlier code in this process installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write_files({a: "a\n", b: "b\n"})
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert a.read_text(encoding="utf-8") == "a\n" and b.read_text(encoding="utf-8") == "b\n"
     assert leftovers(tmp_path) == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
