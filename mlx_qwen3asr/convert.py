@@ -526,22 +526,4 @@ def convert_checkpoint(
     )
 
 
-def convert(
-    src: str | Path,
-    dst: str | Path,
-    bits: int | None = None,
-    group_size: int = 64,
-    encoder_bits: int | None = None,
-    dtype: str = "bfloat16",
-    force: bool = False,
-) -> Path:
-    """Convert a Qwen3-ASR checkpoint (directory or repo id) into an MLX checkpoint at `dst`.
-
-    bits: 4 or 8 to quantize (None writes an unquantized checkpoint in `dtype`);
-    encoder_bits: 4, 8 or 16 (unquantized); default 8 under a 4-bit decoder, else equal to `bits`.
-    Returns the destination path. Raises ConvertError, leaving nothing at `dst`, on any failure.
-    """
-    return convert_checkpoint(src, dst, bits, group_size, encoder_bits, dtype, force).path
-
-
-__all__ = ["ConversionResult", "ConvertError", "Recipe", "convert", "convert_checkpoint", "make_recipe"]
+__all__ = ["ConversionResult", "ConvertError", "Recipe", "convert_checkpoint", "make_recipe"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -170,10 +170,10 @@ class _Pending:
 class _Task:
     pending: _Pending
     position: int  # segment number within its input
-    frames: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.frames = self.pending.prepared.mels[self.position].shape[1]
+    @property
+    def mel(self) -> np.ndarray:
+        return self.pending.prepared.mels[self.position]
 
     @property
     def span(self) -> Span:
@@ -190,7 +190,7 @@ class _Decoder:
 
     def __call__(self, tasks: Sequence[_Task]) -> list[Segment]:
         model, tok = self.model, self.model.tokenizer
-        features = encode_segments(model, [t.pending.prepared.mels[t.position] for t in tasks])
+        features = encode_segments(model, [t.mel for t in tasks])
         prompts = [
             build_prompt_ids(tok, int(f.shape[0]), context=self.context, language=self.language)
             for f in features
@@ -279,7 +279,7 @@ def transcribe_stream(
                 continue
             if not pool:
                 break
-            pool.sort(key=lambda t: t.frames, reverse=True)
+            pool.sort(key=lambda t: t.mel.shape[1], reverse=True)
             batch, pool = pool[:size], pool[size:]
             touched = sorted({t.pending.prepared.index for t in batch})
             try:

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_qwen3asr.cli.convert import main
 
 import mlx_qwen3asr
-from mlx_qwen3asr.convert import ConvertError, convert, convert_checkpoint
+from mlx_qwen3asr.convert import ConvertError, convert_checkpoint
 from mlx_qwen3asr.generate import prefill_logits
 from mlx_qwen3asr.model import encoder_batch
 
@@ -340,7 +340,7 @@ def test_float_encoder_matches_mlx_community(converted, original, tmp_path):
 def test_float32_and_float16_dtypes(original, tmp_path, reference):
     for dtype, mx_dtype in (("float32", mx.float32), ("float16", mx.float16)):
         dst = tmp_path / dtype
-        convert(original, dst, bits=8, dtype=dtype)
+        convert_checkpoint(original, dst, bits=8, dtype=dtype)
         tensors = stored(dst)
         assert tensors["model.norm.weight"].dtype == mx_dtype
         assert tensors["model.layers.0.mlp.up_proj.scales"].dtype == mx_dtype
@@ -434,7 +434,7 @@ def test_top_level_config_over_release_names(original, tmp_path, reference):
     flat = {**config.pop("thinker_config"), **config, "model_type": "qwen3_asr"}
     (source / "config.json").write_text(json.dumps(flat))
     dst = tmp_path / "flat-bf16"
-    convert(source, dst)
+    convert_checkpoint(source, dst)
     assert "thinker_config" in json.loads((dst / "config.json").read_text())
     assert_same_params(load(dst).net, reference[0].net)
 
@@ -468,7 +468,7 @@ def test_forced_aligner_converts(original, tmp_path, layout, measurements):
     assert cos > 0.95
 
     plain = tmp_path / "aligner-bf16"
-    convert(source, plain)
+    convert_checkpoint(source, plain)
     assert_same_params(load(plain).net, float_ref.net)
 
 
@@ -580,15 +580,15 @@ def test_destination_is_source(original, tmp_path, capsys):
 
 def test_api_validates_options(original, tmp_path):
     with pytest.raises(ConvertError, match="bits must be one of 4, 8"):
-        convert(original, tmp_path / "a", bits=3)
+        convert_checkpoint(original, tmp_path / "a", bits=3)
     with pytest.raises(ConvertError, match="--encoder-bits needs --bits"):
-        convert(original, tmp_path / "b", encoder_bits=8)
+        convert_checkpoint(original, tmp_path / "b", encoder_bits=8)
     with pytest.raises(ConvertError, match="group size must be one of"):
-        convert(original, tmp_path / "c", bits=4, group_size=48)
+        convert_checkpoint(original, tmp_path / "c", bits=4, group_size=48)
     with pytest.raises(ConvertError, match="unknown dtype"):
-        convert(original, tmp_path / "d", dtype="int8")
+        convert_checkpoint(original, tmp_path / "d", dtype="int8")
     assert sorted(os.listdir(tmp_path)) == []
-    path = convert(original, tmp_path / "e", bits=8, encoder_bits=16)
+    path = convert_checkpoint(original, tmp_path / "e", bits=8, encoder_bits=16).path
     assert (
         path == tmp_path / "e" and json.loads((path / "config.json").read_text())["quantization"]["bits"] == 8
     )
