@@ -6,9 +6,10 @@ result = mlx_qwen3asr.transcribe(model, "talk.m4a")
 print(result.text)
 """
 
-from ._blas import preload_openblas
+from ._cpu import preload_openblas, tune_malloc
 
 preload_openblas()
+tune_malloc()
 
 from .audio import AudioError, load_audio  # noqa: E402
 from .loading import ASRModel, ModelLoadError, load  # noqa: E402

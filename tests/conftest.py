@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 # Imported before any test module imports mlx: the package loads OpenBLAS for MLX's CPU backend only
-# if it comes first (mlx_qwen3asr._blas); otherwise every MLX product runs on the slow bundled BLAS.
+# if it comes first (mlx_qwen3asr._cpu); otherwise every MLX product runs on the slow bundled BLAS.
 import mlx_qwen3asr  # noqa: F401
 
 SHARED_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "shared" / "tokenizer"

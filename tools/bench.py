@@ -7,7 +7,10 @@
 
 Without --model, a random-weight 0.6b checkpoint in the release layout is built once under
 checkpoints/ (tools/make_checkpoint.py). Random weights rarely emit EOS, so every segment decodes
-exactly --new-tokens tokens (EOS and loop stops off): equal work for every system measured. With
+exactly its budget (EOS and loop stops off): --tokens-per-second R tokens per second of the segment
+(default 4, about what speech transcribes to: ~150 words a minute at ~1.3 tokens a word, plus the
+language prefix of every segment), so the same audio costs every system the same number of tokens
+however it is cut; or --new-tokens N per segment. With
 --peers the same checkpoint and the same audio files go through moona3k's mlx-qwen3-asr and
 mlx-audio (tools/peers.py, run with --peer-python, an environment that has them), and the table gives
 our wall time divided by theirs. Stage times come from the end-to-end runs themselves.
@@ -41,8 +44,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 
-from mlx_qwen3asr import _blas, generate, scheduler  # noqa: E402
-from mlx_qwen3asr.audio import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr import _cpu, generate, scheduler  # noqa: E402
+from mlx_qwen3asr.audio import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
 from mlx_qwen3asr.generate import greedy_generate_batch  # noqa: E402
 from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
 
@@ -108,8 +111,31 @@ class Stages:
         self.times[stage] = self.times.get(stage, 0.0) + seconds
 
 
-def instrument(stages: Stages, new_tokens: int):
-    """Patch the scheduler so every segment decodes exactly new_tokens tokens, and time the stages."""
+@dataclass(frozen=True)
+class Budget:
+    """New tokens per segment: a fixed count, or a rate per second of the segment's audio."""
+
+    new_tokens: int | None = None
+    per_second: float | None = None
+
+    def tokens(self, seconds: float) -> int:
+        if self.per_second is None:
+            return int(self.new_tokens)
+        return max(1, round(self.per_second * seconds))
+
+    def peer_args(self) -> list[str]:
+        if self.per_second is None:
+            return ["--new-tokens", str(self.new_tokens)]
+        return ["--tokens-per-second", f"{self.per_second:g}"]
+
+    def describe(self) -> str:
+        if self.per_second is None:
+            return f"{self.new_tokens} new tokens per segment"
+        return f"{self.per_second:g} new tokens per second of audio"
+
+
+def instrument(stages: Stages, budget: Budget):
+    """Patch the scheduler so every segment decodes exactly its budget, and time the stages."""
     real_load = scheduler.load_input
     real_prepare = scheduler.prepare_input
     real_encode = scheduler.encode_segments
@@ -128,10 +154,14 @@ def instrument(stages: Stages, new_tokens: int):
         stages.add("preparing", time.perf_counter() - start)
         return out
 
+    seconds_of: dict[int, float] = {}
+
     def encode_segments(model, mels):
         start = time.perf_counter()
         out = real_encode(model, mels)
         stages.add("encoder", time.perf_counter() - start)
+        for mel, features in zip(mels, out):
+            seconds_of[id(features)] = mel.shape[1] * HOP_LENGTH / SAMPLE_RATE
         return out
 
     def greedy(net, prompts, features, budgets, eos_ids, **kwargs):
@@ -141,7 +171,7 @@ def instrument(stages: Stages, new_tokens: int):
             net,
             prompts,
             features,
-            [new_tokens] * len(prompts),
+            [budget.tokens(seconds_of.pop(id(f))) for f in features],
             frozenset(),
             on_first_tokens=lambda: first.append(time.perf_counter()),
         )
@@ -167,9 +197,9 @@ def instrument(stages: Stages, new_tokens: int):
     return restore
 
 
-def run_ours(model, paths: list[Path], new_tokens: int, batch_size: int | None) -> Run:
+def run_ours(model, paths: list[Path], budget: Budget, batch_size: int | None) -> Run:
     stages = Stages()
-    restore = instrument(stages, new_tokens)
+    restore = instrument(stages, budget)
     mx.clear_cache()
     mx.reset_peak_memory()
     try:
@@ -249,12 +279,12 @@ def encoder_scaling(model, seconds: list[float]) -> dict[float, float]:
 
 
 def run_peer(
-    python: str, peer: str, model: Path, paths: list[Path], new_tokens: int, mode: str, runs: int
+    python: str, peer: str, model: Path, paths: list[Path], budget: Budget, mode: str, runs: int
 ) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [python, str(REPO_ROOT / "tools" / "peers.py"), "--peer", peer, "--model", str(model)]
-    cmd += ["--new-tokens", str(new_tokens), "--mode", mode, "--runs", str(runs), "--json", str(out)]
+    cmd += budget.peer_args() + ["--mode", mode, "--runs", str(runs), "--json", str(out)]
     cmd += [str(p) for p in paths]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 1) or not out.exists() or out.stat().st_size == 0:
@@ -295,7 +325,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}; mlx {report['mlx']} ({report['device']}); dtype {report['dtype']}; "
         f"OpenBLAS: {report['openblas'] or 'no'}",
-        f"model: {report['model']}; {report['new_tokens']} new tokens per segment; medians of {report['runs']} runs",
+        f"model: {report['model']}; {report['budget']}; medians of {report['runs']} runs",
         "",
         "| mode | audio | segments | load s | audio decode s | mel s | encoder s | prefill s | decode s | ms/token | wall s "
         "| x realtime | tokens/s | peak MB |",
@@ -361,7 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="checkpoint directory or repo id (default: random 0.6b, built once)")
     ap.add_argument("--mode", choices=(*MODES, "all"), default="all")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
-    ap.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per segment (default 64)")
+    budget_args = ap.add_mutually_exclusive_group()
+    budget_args.add_argument("--new-tokens", type=int, help="tokens decoded per segment")
+    budget_args.add_argument(
+        "--tokens-per-second", type=float, help="tokens decoded per second of each segment (default 4)"
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=None, help="rows decoded together (default: automatic)")
     ap.add_argument("--clip-seconds", type=float, default=10.0)
@@ -381,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         metavar="JSON",
-        help="take the peers' figures from earlier --json reports (same checkpoint, audio and --new-tokens) "
+        help="take the peers' figures from earlier --json reports (same checkpoint, audio and budget) "
         "instead of running them again",
     )
     ap.add_argument("--json", help="write the full report here")
@@ -397,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"building {model_path}", file=sys.stderr)
             write_checkpoint(model_path, "0.6b", seed=0)
     modes = list(MODES) if args.mode == "all" else [args.mode]
+    if args.new_tokens is not None:
+        budget = Budget(new_tokens=args.new_tokens)
+    else:
+        budget = Budget(per_second=args.tokens_per_second or 4.0)
 
     start = time.perf_counter()
     model = mlx_qwen3asr.load(str(model_path), dtype=args.dtype)
@@ -406,9 +444,12 @@ def main(argv: list[str] | None = None) -> int:
         "mlx": mx.__version__,
         "device": str(mx.default_device()),
         "dtype": str(model.dtype).replace("mlx.core.", ""),
-        "openblas": _blas.loaded,
+        "openblas": _cpu.loaded,
+        "malloc_tuned": _cpu.malloc_tuned,
         "model": str(model_path),
-        "new_tokens": args.new_tokens,
+        "budget": budget.describe(),
+        "new_tokens": budget.new_tokens,
+        "tokens_per_second": budget.per_second,
         "runs": args.runs,
         "batch_size": args.batch_size or scheduler.auto_batch_size(model),
         "modes": [],
@@ -418,17 +459,19 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             paths = write_audio(Path(tmp) / mode, mode, args)
             seconds = sum(sf.info(p).duration for p in paths)
-            run_ours(model, paths[:1], min(args.new_tokens, 4), args.batch_size)  # warm-up
+            run_ours(model, paths[:1], Budget(new_tokens=4), args.batch_size)  # warm-up
             runs = []
             for i in range(args.runs):
-                runs.append(run_ours(model, paths, args.new_tokens, args.batch_size))
+                runs.append(run_ours(model, paths, budget, args.batch_size))
                 print(f"{mode} run {i + 1}: {runs[-1].wall_s:.2f} s", file=sys.stderr)
             report["modes"].append(summarize(mode, seconds, runs, load_s))
             earlier = [
                 p
                 for f in args.peer_results
                 for p in json.loads(Path(f).read_text()).get("peers", [])
-                if p.get("mode") == mode and p.get("new_tokens") == args.new_tokens
+                if p.get("mode") == mode
+                and p.get("new_tokens") == budget.new_tokens
+                and p.get("tokens_per_second") == budget.per_second
             ]
             for p in earlier:
                 p["reused_from_earlier_run"] = True
@@ -441,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                         peer,
                         model_path,
                         paths,
-                        args.new_tokens,
+                        budget,
                         mode,
                         args.peer_runs or args.runs,
                     )

@@ -1,6 +1,6 @@
 """Time a peer MLX port of Qwen3-ASR on a local checkpoint with a fixed amount of decoding work.
 
-    peers-venv/bin/python tools/peers.py --peer moona3k|mlx-audio --model DIR --new-tokens N \
+    peers-venv/bin/python tools/peers.py --peer moona3k|mlx-audio --model DIR --tokens-per-second R \
         --mode clip|file|folder --runs 3 --json OUT.json AUDIO1.wav [AUDIO2.wav ...]
 
 Peers:
@@ -9,8 +9,10 @@ Peers:
 
 Both are bench-only dependencies: install them in a separate virtual environment, never in the
 package's own. Random-weight checkpoints rarely emit EOS, so "equal work" means every segment
-decodes exactly N new tokens: the peers' EOS stops and repetition stops are switched off and
-their token budgets are made per segment (see the patch functions below). Both peers cut long
+decodes exactly its budget of new tokens: N per segment (--new-tokens) or R per second of the
+segment's audio (--tokens-per-second, the same total for the same audio however a system cuts it).
+The peers' EOS stops and repetition stops are switched off and their token budgets are made per
+segment (see the patch functions below). Both peers cut long
 audio into segments themselves; the number of segments and tokens per segment is recorded per
 file so a caller can check that the work matched.
 
@@ -20,8 +22,9 @@ Modes only choose the peer's entry point and batching:
   folder  one call for all files (moona3k transcribe_batch, mlx-audio generate(list));
           neither peer batches across files, so the files still run one after another
 
-MLX's CPU matmul is only fast with OpenBLAS loaded globally before mlx is imported, so this module
-loads it first (the same loader as mlx_qwen3asr/_blas.py; MLX_QWEN3ASR_NO_OPENBLAS=1 skips it).
+The process gets the same CPU setup as ours (mlx_qwen3asr/_cpu.py): OpenBLAS loaded globally before
+mlx is imported (MLX's CPU matmul is only fast with it) and glibc malloc keeping freed blocks for reuse.
+Both are process settings, not model code, so the peers run with them too.
 """
 
 from __future__ import annotations
@@ -33,17 +36,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load_blas_module():
-    """Import mlx_qwen3asr/_blas.py by file path so the package __init__ (which imports mlx) does not run."""
-    path = REPO / "mlx_qwen3asr" / "_blas.py"
-    spec = importlib.util.spec_from_file_location("_peers_blas", path)
+def _load_cpu_module():
+    """Import mlx_qwen3asr/_cpu.py by file path so the package __init__ (which imports mlx) does not run."""
+    path = REPO / "mlx_qwen3asr" / "_cpu.py"
+    spec = importlib.util.spec_from_file_location("_peers_cpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_blas = _load_blas_module()
-BLAS_LOADED = _blas.preload_openblas()
+_cpu = _load_cpu_module()
+BLAS_LOADED = _cpu.preload_openblas()
+MALLOC_TUNED = _cpu.tune_malloc()
 
 # Everything below may import mlx.
 import argparse  # noqa: E402
@@ -71,10 +75,19 @@ CHUNK_SECONDS = 30.0
 
 
 class Recorder:
-    def __init__(self, new_tokens: int, stages: bool):
+    def __init__(self, new_tokens: int, stages: bool, tokens_per_second: float | None = None):
         self.new_tokens = new_tokens
+        self.tokens_per_second = tokens_per_second
         self.stages = stages
         self.reset()
+
+    def budget(self, seconds: float | None) -> int:
+        """Tokens to decode for a segment: new_tokens, or tokens_per_second x its duration."""
+        if self.tokens_per_second is None:
+            return self.new_tokens
+        if seconds is None:
+            raise RuntimeError("segment duration unknown; cannot size a per-second budget")
+        return max(1, round(self.tokens_per_second * seconds))
 
     def reset(self) -> None:
         self.files: list[dict] = []
@@ -89,6 +102,7 @@ class Recorder:
             self.begin_file()
         self.files[-1]["tokens_per_segment"].append(int(tokens))
         self.files[-1]["segment_seconds"].append(None if seconds is None else round(float(seconds), 3))
+        self.files[-1].setdefault("budgets", []).append(self.budget(seconds))
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.times[stage] += seconds
@@ -141,11 +155,11 @@ _MOONA_PATCHED = False
 
 
 def _patch_moona3k(notes: list[str]) -> None:
-    """Force exactly N tokens per segment and record segments/stage times.
+    """Force exactly its budget of tokens per segment and record segments/stage times.
 
     - transcribe.generate (the module alias transcribe() calls per chunk) is wrapped: the
-      GenerationConfig gets eos_token_ids=[] so EOS never stops decoding; max_new_tokens=N comes from
-      the public max_new_tokens argument. The wrapper records generated_tokens per chunk.
+      GenerationConfig gets eos_token_ids=[] so EOS never stops decoding, and max_new_tokens = the
+      chunk's budget (the chunk length is recorded by the compute_features wrapper just before). The wrapper records generated_tokens per chunk.
     - generate._detect_repetition is replaced by a function returning False, so the repetition stop
       (20 repeats of a token or a short pattern) never ends a chunk early.
     - transcribe._transcribe_loaded_components (one call per audio file) is wrapped to start a new
@@ -165,7 +179,7 @@ def _patch_moona3k(notes: list[str]) -> None:
     notes += [
         "moona3k: EOS disabled (GenerationConfig.eos_token_ids=[] via a wrapper on transcribe.generate)",
         "moona3k: repetition stop disabled (generate._detect_repetition -> False)",
-        "moona3k: max_new_tokens=N per chunk (public argument); chunks ~30 s (its fixed MAX_CHUNK_SECONDS, "
+        "moona3k: max_new_tokens = the chunk's budget (GenerationConfig per chunk); chunks ~30 s (its fixed MAX_CHUNK_SECONDS, "
         "recursive split at the lowest-energy point in the middle 60%)",
         "moona3k: no batching of chunks or files exists; folder mode uses transcribe_batch (sequential)",
     ]
@@ -178,7 +192,7 @@ def _patch_moona3k(notes: list[str]) -> None:
     def generate(model, input_ids, audio_features, position_ids, config=None):
         from dataclasses import replace
 
-        config = replace(config, eos_token_ids=[])
+        config = replace(config, eos_token_ids=[], max_new_tokens=STATE.budget(STATE.pending_seconds))
         t0 = time.perf_counter()
         prefill_before = STATE.times["prefill_s"]
         out = orig_generate(
@@ -270,7 +284,8 @@ def _run_moona3k(model_dir, audio_paths, mode, dtype_name, language, batch_size,
     _TokenizerHolder.get(model._resolved_model_path)
     load_s = time.perf_counter() - t0
 
-    kwargs = dict(model=model, dtype=run_dtype, max_new_tokens=STATE.new_tokens, language=language)
+    # The per-chunk budget is set in the generate wrapper; the public argument only has to allow it.
+    kwargs = dict(model=model, dtype=run_dtype, max_new_tokens=1 << 20, language=language)
 
     def run_once():
         if mode == "folder":
@@ -288,7 +303,7 @@ def _run_moona3k(model_dir, audio_paths, mode, dtype_name, language, batch_size,
         load_s=load_s,
         dtype=_dtype_summary(model, run_dtype),
         param_dtypes=_param_dtypes(model),
-        settings={"dtype": _name(run_dtype), "max_new_tokens": STATE.new_tokens, "language": language},
+        settings={"dtype": _name(run_dtype), "language": language},
         run_once=run_once,
         cleanup=cleanup,
     )
@@ -302,15 +317,16 @@ _AUDIO_PATCHED = False
 
 
 def _patch_mlx_audio(notes: list[str]) -> None:
-    """Force exactly N tokens per segment and record segments/stage times.
+    """Force exactly the budgeted tokens per segment and record segments/stage times.
 
     - Qwen3ASRModel._eos_token_ids returns an empty set, so EOS stops neither the sequential path
       (stream_generate) nor the batched one (_generate_chunks_batched). mlx-audio has no repetition stop
       (repetition_penalty is a logits processor and stays off).
     - mlx-audio's max_tokens is one budget for the whole file, shared by its segments. To give every
-      segment N tokens, _generate_single_chunk is called with max_tokens=N, and _generate_chunks_batched
-      is called once per group of batch_size segments with max_tokens=N * group size (its loop then stops
-      when every row has N tokens). The outer generate() gets a budget large enough to never stop a file.
+      segment its budget, _generate_single_chunk is called with max_tokens = that budget, and
+      _generate_chunks_batched is called once per group of batch_size segments with max_tokens = the
+      sum of the group's budgets (its rows decode round-robin until the group has spent it, so the
+      group's total is exact; with equal budgets every row gets its own). The outer generate() gets a budget large enough to never stop a file.
     - _generate_one (one call per audio file) is wrapped to start a new per-file record.
     - Stage times: get_audio_features and _build_inputs_embeds are wrapped to evaluate and time their
       result (the sequential path evaluates both right after anyway); lm.generate.generate_step is wrapped
@@ -340,7 +356,10 @@ def _patch_mlx_audio(notes: list[str]) -> None:
     orig_single = cls._generate_single_chunk
 
     def generate_single_chunk(self, audio_chunk, *, max_tokens=8192, **kwargs):
-        text, prompt_toks, gen_toks = orig_single(self, audio_chunk, max_tokens=STATE.new_tokens, **kwargs)
+        seconds = len(audio_chunk) / self.sample_rate
+        text, prompt_toks, gen_toks = orig_single(
+            self, audio_chunk, max_tokens=STATE.budget(seconds), **kwargs
+        )
         STATE.segment(gen_toks, len(audio_chunk) / self.sample_rate)
         STATE.files[-1].setdefault("prompt_tokens", []).append(int(prompt_toks))
         return text, prompt_toks, gen_toks
@@ -355,9 +374,9 @@ def _patch_mlx_audio(notes: list[str]) -> None:
         texts, gen, prompt, processed = [], [], [], []
         for b0 in range(0, len(chunks), batch_size):
             group = chunks[b0 : b0 + batch_size]
-            out = orig_batched(
-                self, group, max_tokens=STATE.new_tokens * len(group), batch_size=batch_size, **kwargs
-            )
+            # One budget per group, shared round-robin by its rows: the sum of theirs.
+            budget = sum(STATE.budget(len(audio) / self.sample_rate) for audio, _ in group)
+            out = orig_batched(self, group, max_tokens=budget, batch_size=batch_size, **kwargs)
             for lst, part in zip((texts, gen, prompt, processed), out):
                 lst.extend(part)
             for (audio, _), n, p in zip(group, out[1], out[2]):
@@ -420,7 +439,7 @@ def _run_mlx_audio(model_dir, audio_paths, mode, dtype_name, language, batch_siz
 
     bsz = batch_size if mode in ("file", "folder") else 1
     kwargs = dict(
-        max_tokens=STATE.new_tokens * 1_000_000,
+        max_tokens=1 << 40,
         batch_size=bsz,
         language=language,
         chunk_duration=CHUNK_SECONDS,
@@ -468,6 +487,7 @@ def run_peer(
     mode: str,
     runs: int = 3,
     *,
+    tokens_per_second: float | None = None,
     dtype: str = "float32",
     language: str | None = None,
     batch_size: int = 8,
@@ -483,9 +503,10 @@ def run_peer(
         raise ValueError("new_tokens must be >= 1")
     audio_paths = [str(Path(p)) for p in audio_paths]
     STATE.new_tokens = new_tokens
+    STATE.tokens_per_second = tokens_per_second
     STATE.stages = stages
     STATE.reset()
-    notes: list[str] = [f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}"]
+    notes: list[str] = [f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}", f"malloc tuned: {MALLOC_TUNED}"]
 
     runner = _run_moona3k if peer == "moona3k" else _run_mlx_audio
     info = runner(Path(model_dir), audio_paths, mode, dtype, language, batch_size, notes)
@@ -507,13 +528,16 @@ def run_peer(
                     f"run {len(records)}: {len(STATE.files)} file records for {len(audio_paths)} files"
                 )
             tokens = [t for f in STATE.files for t in f["tokens_per_segment"]]
+            budgets = [b for f in STATE.files for b in f.get("budgets", [])]
             records.append(
                 {
                     "wall_s": round(wall, 4),
                     "tokens": sum(tokens),
                     "segments": len(tokens),
                     "segments_per_file": [len(f["tokens_per_segment"]) for f in STATE.files],
-                    "all_segments_n_tokens": all(t == new_tokens for t in tokens),
+                    "budget_tokens": sum(budgets),
+                    # Equal work: every segment's budget decoded (batched rows share theirs, so totals).
+                    "tokens_match_budget": sum(tokens) == sum(budgets) and len(tokens) == len(budgets),
                     "stages": {k: round(v, 4) for k, v in STATE.times.items()} if stages else None,
                     "peak_memory_bytes": int(mx.get_peak_memory()),
                     "files": files,
@@ -531,13 +555,14 @@ def run_peer(
         "dtype": info["dtype"],
         "param_dtypes": info["param_dtypes"],
         "mode": mode,
-        "new_tokens": new_tokens,
+        "new_tokens": None if tokens_per_second else new_tokens,
+        "tokens_per_second": tokens_per_second,
         "load_s": round(info["load_s"], 4),
         "runs": records,
         "median_wall_s": round(statistics.median(r["wall_s"] for r in records), 4) if records else None,
         "audio_seconds": round(sum(audio_seconds(p) for p in audio_paths), 3),
         "segments_per_file": records[0]["segments_per_file"] if records else None,
-        "all_segments_n_tokens": all(r["all_segments_n_tokens"] for r in records),
+        "tokens_match_budget": all(r["tokens_match_budget"] for r in records),
         "maxrss_bytes": maxrss,
         "settings": info["settings"],
         "device": str(mx.default_device()),
@@ -551,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--peer", required=True, choices=sorted(PEERS))
     parser.add_argument("--model", required=True, help="checkpoint directory (release layout)")
-    parser.add_argument("--new-tokens", type=int, required=True, help="new tokens decoded per segment")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--new-tokens", type=int, help="new tokens decoded per segment")
+    budget.add_argument("--tokens-per-second", type=float, help="new tokens per second of each segment")
     parser.add_argument("--mode", choices=MODES, default="clip")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=0, help="untimed runs before the timed ones")
@@ -569,9 +596,10 @@ def main(argv: list[str] | None = None) -> int:
         args.peer,
         args.model,
         args.audio,
-        args.new_tokens,
+        args.new_tokens or 1,
         args.mode,
         args.runs,
+        tokens_per_second=args.tokens_per_second,
         dtype=args.dtype,
         language=args.language,
         batch_size=args.batch_size,
@@ -584,12 +612,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{result['peer']} {result['version']} {args.mode}: load {result['load_s']:.2f} s, "
             f"median {result['median_wall_s']:.3f} s, segments/file {result['segments_per_file']}, "
-            f"N tokens per segment: {result['all_segments_n_tokens']}",
+            f"tokens match budget: {result['tokens_match_budget']}",
             file=sys.stderr,
         )
     else:
         print(text)
-    return 0 if result["all_segments_n_tokens"] else 1
+    return 0 if result["tokens_match_budget"] else 1
 
 
 if __name__ == "__main__":
