@@ -381,12 +381,14 @@ class Reporter:
         else:
             self.info(f"transcribing {count} file(s), {batch_size} segment(s) at a time")
 
-    def segment(self, seg: Segment) -> None:
+    def segment(self, seg: Segment, source: Path | None = None) -> None:
+        """A transcribed segment; source names its file when segments of several files interleave."""
         if self._progress is not None:
             self._progress.advance(self._task, seg.end - seg.start)
         if self.verbose:
             stamp = f"{format_timestamp(seg.start, '.')} --> {format_timestamp(seg.end, '.')}"
-            self.info(f"  [{stamp}] {_one_line(seg.text)}")
+            where = "" if source is None else f"{source} "
+            self.info(f"  {where}[{stamp}] {_one_line(seg.text)}")
 
     def file_finished(self, finished: int, count: int, estimate: float, actual_seconds: float | None) -> None:
         """Replace a file's estimated duration by what it really was (None: it failed)."""
@@ -568,7 +570,7 @@ def _transcribe_all(
         max_segment_seconds=options.max_segment_seconds,
         batch_size=batch_size,
         skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
-        on_segment=lambda _index, seg: report.segment(seg),
+        on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
     )
     try:
         for res in stream:

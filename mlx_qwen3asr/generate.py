@@ -131,7 +131,7 @@ def greedy_generate_batch(
             finish(index, truncated=True)
     active = [i for i in active if results[i] is None]
     if len(active) < n and active:
-        y, left_pad = _keep(active, list(range(n)), cache, y, left_pad)
+        y, left_pad = _keep(mx.array(active, dtype=mx.int32), cache, y, left_pad)
 
     step = 0
     while active:
@@ -170,19 +170,20 @@ def greedy_generate_batch(
         if not still:
             break
         if len(still) < len(active):
-            next_y, left_pad = _keep(still, active, cache, next_y, left_pad)
+            row_of = {index: row for row, index in enumerate(active)}
+            rows = mx.array([row_of[i] for i in still], dtype=mx.int32)
+            next_y, left_pad = _keep(rows, cache, next_y, left_pad)
             if kept is not None:
-                logits = logits[mx.array([active.index(i) for i in still])]
+                logits = logits[rows]
         active = still
         y = next_y
     return [r for r in results if r is not None]
 
 
 def _keep(
-    still: list[int], active: list[int], cache: list[KVCache], y: mx.array, left_pad: mx.array | None
+    rows: mx.array, cache: list[KVCache], y: mx.array, left_pad: mx.array | None
 ) -> tuple[mx.array, mx.array | None]:
-    """Shrink the batch to the rows still decoding."""
-    rows = mx.array([active.index(i) for i in still], dtype=mx.int32)
+    """Shrink the batch to the listed rows (those still decoding)."""
     for layer_cache in cache:
         layer_cache.keep_rows(rows)
     return y[rows], None if left_pad is None else left_pad[rows]

@@ -13,7 +13,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .config import AudioConfig, ModelConfig, TextConfig, conv_output_length
-from .ops import attention, gelu, silu
+from .ops import attention, gelu, on_cpu, silu
 
 # --------------------------------------------------------------------------------------------------
 # Audio encoder
@@ -140,10 +140,6 @@ class AudioEncoder(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
-def _on_cpu() -> bool:
-    return mx.default_device() == mx.cpu
-
-
 # Up to this many rows (decoding: one per sequence in the batch), a product runs weight-major on the CPU.
 WEIGHT_MAJOR_ROWS = 64
 
@@ -156,7 +152,7 @@ def _project(weight: mx.array, x: mx.array) -> mx.array:
     on OpenBLAS here); with many rows (prefill) both orders cost the same.
     """
     rows = x.size // x.shape[-1]
-    if rows <= WEIGHT_MAJOR_ROWS and _on_cpu():
+    if rows <= WEIGHT_MAJOR_ROWS and on_cpu():
         return (weight @ x.reshape(rows, -1).T).T.reshape(*x.shape[:-1], -1)
     return x @ weight.T
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -78,8 +79,13 @@ EXP2 = (
 )
 
 
+def on_cpu() -> bool:
+    """Whether MLX runs on its CPU backend (where the kernels here, and weight-major products, pay off)."""
+    return mx.default_device() == mx.cpu
+
+
 def _fast_path(x: mx.array) -> bool:
-    return mx.default_device() == mx.cpu and x.dtype == mx.float32
+    return on_cpu() and x.dtype == mx.float32
 
 
 def _estrin(c: tuple[float, ...], x: mx.array, x2: mx.array, x4: mx.array) -> mx.array:
@@ -137,7 +143,7 @@ silu = _GatedActivation(TABLES["silu"], nn.silu)
 _LOG2E = 1.0 / math.log(2.0)
 
 
-@mx.compile
+@partial(mx.compile, shapeless=True)
 def _exp_parts(x: mx.array, top: mx.array) -> tuple[mx.array, mx.array]:
     """exp(x - top) for x <= top as 2^f (a polynomial, f in (-1, 0]) and the bits of 2^n (int32).
 
@@ -190,4 +196,4 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) ->
     return (softmax(scores) @ v).reshape(B, H, L, D)
 
 
-__all__ = ["EXP2", "TABLES", "attention", "gelu", "silu", "softmax"]
+__all__ = ["EXP2", "TABLES", "attention", "gelu", "on_cpu", "silu", "softmax"]

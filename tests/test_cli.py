@@ -313,6 +313,13 @@ def test_quiet_verbose_and_dry_run(tmp_path, ckpt, capsys):
     assert re.search(r"^  \[00:00:00\.000 --> 00:00:02\.000\] \S", out, re.M)
     assert f"wrote {tmp_path / 'x.srt'}" in out
 
+    # With several files decoded together, each segment line names its file.
+    other = write_audio(tmp_path / "y.wav", 1.5, 2)
+    assert main([str(src), str(other), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^  {re.escape(str(src))} \[00:00:00\.000 --> 00:00:02\.000\] ", out, re.M)
+    assert re.search(rf"^  {re.escape(str(other))} \[00:00:00\.000 --> 00:00:01\.500\] ", out, re.M)
+
 
 def test_progress_bar_and_summary_table_on_a_terminal(tmp_path, ckpt, capsys, monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")

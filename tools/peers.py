@@ -75,7 +75,7 @@ CHUNK_SECONDS = 30.0
 
 
 class Recorder:
-    def __init__(self, new_tokens: int, stages: bool, tokens_per_second: float | None = None):
+    def __init__(self, new_tokens: int | None, stages: bool, tokens_per_second: float | None = None):
         self.new_tokens = new_tokens
         self.tokens_per_second = tokens_per_second
         self.stages = stages
@@ -483,7 +483,7 @@ def run_peer(
     peer: str,
     model_dir: str | Path,
     audio_paths: list[str],
-    new_tokens: int,
+    new_tokens: int | None,
     mode: str,
     runs: int = 3,
     *,
@@ -499,8 +499,10 @@ def run_peer(
         raise ValueError(f"unknown peer {peer!r}; choose from {sorted(PEERS)}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-    if new_tokens < 1:
-        raise ValueError("new_tokens must be >= 1")
+    if (new_tokens is None) == (tokens_per_second is None):
+        raise ValueError("give exactly one of new_tokens and tokens_per_second")
+    if (new_tokens or 1) < 1 or (tokens_per_second or 1) <= 0:
+        raise ValueError("the token budget must be positive")
     audio_paths = [str(Path(p)) for p in audio_paths]
     STATE.new_tokens = new_tokens
     STATE.tokens_per_second = tokens_per_second
@@ -555,7 +557,7 @@ def run_peer(
         "dtype": info["dtype"],
         "param_dtypes": info["param_dtypes"],
         "mode": mode,
-        "new_tokens": None if tokens_per_second else new_tokens,
+        "new_tokens": new_tokens,
         "tokens_per_second": tokens_per_second,
         "load_s": round(info["load_s"], 4),
         "runs": records,
@@ -596,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         args.peer,
         args.model,
         args.audio,
-        args.new_tokens or 1,
+        args.new_tokens,
         args.mode,
         args.runs,
         tokens_per_second=args.tokens_per_second,
