@@ -642,5 +642,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_TERMINATED
 
 
+def entry() -> None:
+    """The `mlxasr` command: main(), then exit with its status.
+
+    After Ctrl-C (or SIGTERM) the process ends at once rather than waiting for model work already
+    queued on the device (a long prefill can run for many seconds more): every finished output is
+    written and closed by then, and no temporary file is left.
+    """
+    status = main()
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
