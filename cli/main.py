@@ -45,8 +45,8 @@ from mlx_qwen3asr.prompt import resolve_language
 from mlx_qwen3asr.result import Segment
 from mlx_qwen3asr.scheduler import (
     DEFAULT_MAX_SEGMENT_SECONDS,
+    MAX_BATCH,
     InputResult,
-    auto_batch_size,
     transcribe_stream,
 )
 from mlx_qwen3asr.subtitles import CueOptions, format_timestamp
@@ -219,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="segments decoded together, from one long file or from several files (default: chosen "
-        "from the model size and the free memory); lower it if memory is short",
+        help="segments decoded together, from one long file or from several files (default: as many "
+        f"as a quarter of the free memory holds KV caches for, at most {MAX_BATCH}); lower it if memory is short",
     )
 
     cues = p.add_argument_group("subtitle cues")
@@ -375,11 +375,13 @@ class Reporter:
         self._progress.start()
         self._task = self._progress.add_task("", total=max(self._remaining_estimate, 1e-6))
 
-    def batch_started(self, count: int, batch_size: int) -> None:
+    def batch_started(self, count: int, batch_size: int | None) -> None:
         if self._progress is not None:
             self._progress.update(self._task, description=f"0/{count} files")
-        else:
+        elif batch_size:
             self.info(f"transcribing {count} file(s), {batch_size} segment(s) at a time")
+        else:
+            self.info(f"transcribing {count} file(s), up to {MAX_BATCH} segments at a time as memory allows")
 
     def segment(self, seg: Segment, source: Path | None = None) -> None:
         """A transcribed segment; source names its file when segments of several files interleave."""
@@ -558,7 +560,7 @@ def _transcribe_all(
     report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")
 
     estimates = [estimate_duration(j.path) for j in todo]
-    batch_size = args.batch_size or auto_batch_size(model)
+    batch_size = args.batch_size or None  # None: sized per batch from the segments and the free memory
     report.start(estimates)
     report.batch_started(len(todo), batch_size)
     started = time.monotonic()

@@ -55,6 +55,11 @@ class AudioConfig:
     def conv_freq_bins(self) -> int:
         return conv_output_length(self.num_mel_bins)
 
+    def audio_tokens(self, frames: int) -> int:
+        """Encoder output tokens for a segment of this many mel frames (chunks are encoded apart)."""
+        full, rest = divmod(frames, self.chunk_frames)
+        return full * self.tokens_per_chunk + (conv_output_length(rest) if rest else 0)
+
 
 def conv_output_length(n: int) -> int:
     """Length after the three stride-2, kernel-3, padding-1 convolutions."""

@@ -141,15 +141,16 @@ class AudioEncoder(nn.Module):
 
 
 # Up to this many rows (decoding: one per sequence in the batch), a product runs weight-major on the CPU.
-WEIGHT_MAJOR_ROWS = 64
+WEIGHT_MAJOR_ROWS = 3
 
 
 def _project(weight: mx.array, x: mx.array) -> mx.array:
-    """x @ weight.T, computed as (weight @ x.T).T when x has few rows and MLX runs on the CPU.
+    """x @ weight.T, computed as (weight @ x.T).T when x has very few rows and MLX runs on the CPU.
 
-    MLX's CPU backend hands every product to BLAS sgemm, which streams the weights markedly faster
-    with them as the left operand when the other side is a handful of rows (1.5x at 1 row, 1.2x at 16
-    on OpenBLAS here); with many rows (prefill) both orders cost the same.
+    MLX's CPU backend hands every product to BLAS sgemm. With the weights as the left operand,
+    OpenBLAS streams them faster for 1 to 3 rows (a 0.6b decode step: 180-230 ms against 250-310);
+    from 4 rows on, that orientation's speed varies from process to process, often to twice the
+    time, while x @ weight.T holds steady (4 rows 330 ms, 16 rows 440, 32 rows 660).
     """
     rows = x.size // x.shape[-1]
     if rows <= WEIGHT_MAJOR_ROWS and on_cpu():
@@ -192,6 +193,25 @@ class KVCache:
         self.keys[..., prev : self.offset, :] = keys
         self.values[..., prev : self.offset, :] = values
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    @classmethod
+    def stack(cls, caches: list[KVCache], capacity: int = 0) -> KVCache:
+        """One cache holding the rows of several, each one's positions right-aligned at the largest offset.
+
+        Rows of a shorter cache get zero keys and values in front (the caller masks them as padding).
+        The result has room for at least `capacity` positions.
+        """
+        width = max(c.offset for c in caches)
+        capacity = -(-max(capacity, width) // cls.step) * cls.step
+
+        def aligned(a: mx.array, offset: int) -> mx.array:
+            return mx.pad(a[..., :offset, :], [(0, 0), (0, 0), (width - offset, capacity - width), (0, 0)])
+
+        out = cls()
+        out.keys = mx.concatenate([aligned(c.keys, c.offset) for c in caches], axis=0)
+        out.values = mx.concatenate([aligned(c.values, c.offset) for c in caches], axis=0)
+        out.offset = width
+        return out
 
     def keep_rows(self, rows: mx.array) -> None:
         """Drop the batch rows not listed (finished sequences stop costing attention work)."""

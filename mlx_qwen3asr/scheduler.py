@@ -19,7 +19,7 @@ import numpy as np
 from .audio import SAMPLE_RATE, load_audio, log_mel_spectrogram, prepare_audio
 from .generate import greedy_generate_batch, token_budget
 from .loading import ASRModel
-from .model import encoder_batch
+from .model import KVCache, encoder_batch
 from .prompt import build_prompt_ids, fix_repetitions_flag, join_texts, parse_output, resolve_language
 from .result import Segment, Transcription, main_language
 from .segment import Segment as Span
@@ -32,8 +32,8 @@ DEFAULT_MAX_SEGMENT_SECONDS = 30.0
 ENCODER_CHUNKS_PER_CALL = 256
 # Chunks through the conv stem at once (measured on a CPU: 8 is ~20% faster than 80, and bounds memory).
 STEM_CHUNKS = 8
-# Rows decoded together at most. Tokens per second still grow up to here on a 2-core CPU (0.6b: 41 at
-# 16 rows, 58 at 32); past it, long prompts' prefill would hold too much attention memory at once.
+# Rows decoded together at most. Tokens per second still grow up to here on a 2-core CPU (0.6b: 36 at
+# 16 rows, 48 at 32); past it, long prompts' prefill would hold too much attention memory at once.
 MAX_BATCH = 32
 # Cache positions one row of a full-length (30 s) segment needs: ~400 prompt + ~410 new tokens.
 ROW_POSITIONS = 1024
@@ -77,11 +77,19 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
-def auto_batch_size(model: ASRModel, memory: int | None = None) -> int:
-    """Rows to decode together: as many as the KV cache's memory share allows, up to MAX_BATCH."""
+def kv_bytes_per_position(model: ASRModel) -> int:
+    """Bytes of keys and values that one cached position of one row takes, over all decoder layers."""
     t = model.config.text_config
-    per_row = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * model.dtype.size * ROW_POSITIONS
+    return 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * model.dtype.size
+
+
+def auto_batch_size(model: ASRModel, memory: int | None = None) -> int:
+    """Rows of full-length segments whose KV caches fit the memory share, up to MAX_BATCH.
+
+    Batches of shorter segments take more rows (see transcribe_stream), within the same memory.
+    """
     memory = available_memory() if memory is None else memory
+    per_row = kv_bytes_per_position(model) * ROW_POSITIONS
     return int(max(1, min(MAX_BATCH, memory * MEMORY_FRACTION // per_row)))
 
 
@@ -187,6 +195,23 @@ class _Decoder:
         self.model, self.language, self.context = model, language, context
         tok = model.tokenizer
         self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
+        self.prompt_overhead = len(build_prompt_ids(tok, 0, context=context, language=language))
+
+    def rows_that_fit(self, tasks: Sequence[_Task], memory: int) -> int:
+        """How many of these tasks, taken in order, decode together with their KV cache in `memory` bytes.
+
+        The cache holds, for every row, the longest prompt of the batch plus the largest token budget.
+        """
+        cfg = self.model.config.audio_config
+        per_position = kv_bytes_per_position(self.model)
+        width = budget = 0
+        for n, task in enumerate(tasks, start=1):
+            width = max(width, self.prompt_overhead + cfg.audio_tokens(task.mel.shape[1]))
+            budget = max(budget, token_budget(task.span.duration))
+            positions = -(-(width + budget) // KVCache.step) * KVCache.step
+            if n * positions * per_position > memory:
+                return max(1, n - 1)
+        return len(tasks)
 
     def __call__(self, tasks: Sequence[_Task]) -> list[Segment]:
         model, tok = self.model, self.model.tokenizer
@@ -239,14 +264,17 @@ def transcribe_stream(
 ) -> Iterator[InputResult]:
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
-    batch_size: segments decoded together (None: chosen from the model and the free memory).
+    batch_size: segments decoded together (None: as many as MEMORY_FRACTION of the free memory holds
+        KV caches for, given the segments' lengths, up to MAX_BATCH).
     skip: inputs whose waveform this returns True for are not sent to the model (empty result).
     on_segment(input index, segment): each input's segments, in time order, as they become known.
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
     go on. Results come in the order inputs finish, which is not the input order.
     """
     forced = resolve_language(language)
-    size = max(1, int(batch_size)) if batch_size else auto_batch_size(model)
+    fixed = max(1, int(batch_size)) if batch_size else None
+    size = fixed or MAX_BATCH
+    kv_memory = None if fixed else int(available_memory() * MEMORY_FRACTION)
     decode = _Decoder(model, forced, context)
     inputs = list(inputs)
     ahead = max(2, size)  # inputs being prepared in the background
@@ -257,7 +285,9 @@ def transcribe_stream(
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prepare")
     try:
         while True:
-            while submitted < len(inputs) and len(queued) < ahead:
+            # Prepare ahead while the pool is short of two batches (long inputs fill it at once, and
+            # their waveforms and mels are not held for many more inputs meanwhile).
+            while submitted < len(inputs) and len(queued) < ahead and (len(pool) < 2 * size or not queued):
                 args = (submitted, inputs[submitted], max_segment_seconds, skip)
                 queued.append((submitted, executor.submit(prepare_input, *args)))
                 submitted += 1
@@ -280,7 +310,8 @@ def transcribe_stream(
             if not pool:
                 break
             pool.sort(key=lambda t: t.mel.shape[1], reverse=True)
-            batch, pool = pool[:size], pool[size:]
+            rows = size if fixed else decode.rows_that_fit(pool[:size], kv_memory)
+            batch, pool = pool[:rows], pool[rows:]
             touched = sorted({t.pending.prepared.index for t in batch})
             try:
                 segments = decode(batch)
@@ -310,6 +341,7 @@ __all__ = [
     "DEFAULT_MAX_SEGMENT_SECONDS",
     "InputResult",
     "auto_batch_size",
+    "kv_bytes_per_position",
     "encode_segments",
     "load_input",
     "transcribe_stream",

@@ -74,14 +74,31 @@ def test_rope_with_per_row_offsets_matches_each_row_alone(B, L):
 # --- batched greedy decoding ------------------------------------------------------------------------
 
 
-def test_each_row_decodes_exactly_as_it_would_alone(model, rows):
+@pytest.mark.parametrize("prefill_rows", [8, 2])
+def test_each_row_decodes_exactly_as_it_would_alone(model, rows, prefill_rows, monkeypatch):
+    """With 2 rows per prefill call, the batch is prefilled as 3 groups of different widths, joined."""
     prompts, feats = rows
     budgets = [40, 25, 60, 3, 50]
     eos = eos_of(model)
     solo = [
         greedy_generate(model.net, p, f, b, eos, keep_logits=True) for p, f, b in zip(prompts, feats, budgets)
     ]
+    joined = []
+    real_stack = KVCache.stack.__func__
+
+    def stack(cls, caches, capacity=0):
+        joined.append([c.offset for c in caches])
+        return real_stack(cls, caches, capacity)
+
+    monkeypatch.setattr(KVCache, "stack", classmethod(stack))
+    monkeypatch.setattr(generate, "PREFILL_ROWS", prefill_rows)
     batch = greedy_generate_batch(model.net, prompts, feats, budgets, eos, keep_logits=True)
+    if prefill_rows == 2:
+        widths = [max(len(p) for p in prompts[i : i + 2]) for i in (0, 2, 4)]
+        assert joined == [widths] * model.config.text_config.num_hidden_layers
+        assert len(set(widths)) == 3
+    else:
+        assert joined == []
     assert len(batch) == len(solo)
     for alone, together in zip(solo, batch):
         assert together.tokens == alone.tokens
@@ -211,3 +228,58 @@ def test_auto_batch_size_follows_memory_up_to_a_cap(model):
     assert auto_batch_size(model, memory=int(row / scheduler.MEMORY_FRACTION) * 3) == 3
     assert auto_batch_size(model, memory=1 << 50) == scheduler.MAX_BATCH
     assert 1 <= auto_batch_size(model) <= scheduler.MAX_BATCH
+
+
+def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeypatch):
+    """Without batch_size, each batch takes as many segments (longest first) as the KV memory share holds."""
+    batches = []
+    real = scheduler.greedy_generate_batch
+
+    def spy(net, prompts, features, budgets, *args, **kwargs):
+        width, budget = max(len(p) for p in prompts), max(budgets)
+        batches.append((len(prompts), -(-(width + budget) // KVCache.step) * KVCache.step))
+        return real(net, prompts, features, budgets, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
+    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    per_position = scheduler.kv_bytes_per_position(model)
+
+    def run(memory: int) -> list[tuple[int, int]]:
+        batches.clear()
+        monkeypatch.setattr(scheduler, "available_memory", lambda: memory)
+        mlx_qwen3asr.transcribe(model, inputs_for_test())
+        return list(batches)
+
+    everything = run(1 << 50)
+    assert [n for n, _ in everything] == [6]  # 3 + 1 + 1 + 1 segments, all in one batch
+    longest = everything[0][1]  # positions a row of the batch holds: set by the longest segment
+    # A share of exactly two such rows: the two longest segments go together, never more.
+    share = 2 * longest * per_position
+    two = run(int(share / scheduler.MEMORY_FRACTION))
+    assert two[0] == (2, longest)
+    assert sum(n for n, _ in two) == 6
+    assert all(n * positions * per_position <= share for n, positions in two)
+    assert [n for n, _ in run(0)] == [1] * 6  # no room: one row at a time, still done
+
+
+def test_stacked_caches_right_align_rows_and_leave_room():
+    rng = np.random.default_rng(5)
+    caches = []
+    for rows_, offset in [(2, 5), (1, 9)]:
+        c = KVCache()
+        k = mx.array(rng.standard_normal((rows_, 2, offset, 4)).astype(np.float32))
+        c.update_and_fetch(k, -k)
+        caches.append(c)
+    joined = KVCache.stack(caches, capacity=300)
+    assert joined.offset == 9
+    assert joined.keys.shape == (3, 2, 2 * KVCache.step, 4)  # room for 300 positions, in whole steps
+    keys = np.array(joined.keys)
+    np.testing.assert_array_equal(keys[:2, :, :4], 0)  # the shorter rows' padding comes first
+    np.testing.assert_array_equal(keys[:2, :, 4:9], np.array(caches[0].keys[..., :5, :]))
+    np.testing.assert_array_equal(keys[2, :, :9], np.array(caches[1].keys[0, :, :9]))
+    np.testing.assert_array_equal(np.array(joined.values[:, :, :9]), -keys[:, :, :9])
+    np.testing.assert_array_equal(keys[:, :, 9:], 0)
+    # Decoding appends after the joined positions without growing the arrays.
+    k_new = mx.ones((3, 2, 1, 4))
+    full_k, _ = joined.update_and_fetch(k_new, k_new)
+    assert full_k.shape == (3, 2, 10, 4) and joined.keys.shape[2] == 2 * KVCache.step

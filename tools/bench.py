@@ -97,6 +97,7 @@ class Run:
     segments: int
     tokens: int
     peak_memory_bytes: int
+    batches: list[int] = field(default_factory=list)  # rows of each decoded batch
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Stages:
     times: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
     segments: int = 0
+    batches: list[int] = field(default_factory=list)
 
     def add(self, stage: str, seconds: float) -> None:
         self.times[stage] = self.times.get(stage, 0.0) + seconds
@@ -180,6 +182,7 @@ def instrument(stages: Stages, budget: Budget):
         stages.add("decode", end - first[0])
         stages.tokens += sum(len(g.tokens) for g in out)
         stages.segments += len(out)
+        stages.batches.append(len(out))
         return out
 
     scheduler.load_input = load_input
@@ -213,7 +216,7 @@ def run_ours(model, paths: list[Path], budget: Budget, batch_size: int | None) -
             raise r.error
     times = dict(stages.times)
     times["mel + cutting"] = times.pop("preparing", 0.0) - times.get("audio decode", 0.0)
-    return Run(wall, times, stages.segments, stages.tokens, int(mx.get_peak_memory()))
+    return Run(wall, times, stages.segments, stages.tokens, int(mx.get_peak_memory()), stages.batches)
 
 
 def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: float = 5.0) -> dict[int, float]:
@@ -313,6 +316,7 @@ def summarize(mode: str, audio_seconds: float, runs: list[Run], load_s: float) -
         "median_wall_s": wall,
         "stages_s": stages,
         "segments": runs[0].segments,
+        "batches": runs[0].batches,
         "tokens": tokens,
         "x_realtime": audio_seconds / wall,
         "tokens_per_s": tokens / wall,
@@ -327,14 +331,15 @@ def markdown(report: dict) -> str:
         f"OpenBLAS: {report['openblas'] or 'no'}",
         f"model: {report['model']}; {report['budget']}; medians of {report['runs']} runs",
         "",
-        "| mode | audio | segments | load s | audio decode s | mel s | encoder s | prefill s | decode s | ms/token | wall s "
+        "| mode | audio | segments (rows per batch) | load s | audio decode s | mel s | encoder s | prefill s | decode s | ms/token | wall s "
         "| x realtime | tokens/s | peak MB |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in report["modes"]:
         st = m["stages_s"]
         lines.append(
-            f"| {m['mode']} | {m['audio_seconds']:.0f} s | {m['segments']} | {m['load_s']:.2f} "
+            f"| {m['mode']} | {m['audio_seconds']:.0f} s | {m['segments']} ({'+'.join(map(str, m['batches']))}) "
+            f"| {m['load_s']:.2f} "
             f"| {st.get('audio decode', 0):.2f} | {st.get('mel + cutting', 0):.2f} | {st.get('encoder', 0):.2f} "
             f"| {st.get('prefill', 0):.2f} | {st.get('decode', 0):.2f} | {m['decode_ms_per_token']:.1f} "
             f"| {m['median_wall_s']:.2f} | {m['x_realtime']:.1f} | {m['tokens_per_s']:.1f} | {m['peak_memory_mb']:.0f} |"
@@ -451,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": budget.new_tokens,
         "tokens_per_second": budget.per_second,
         "runs": args.runs,
-        "batch_size": args.batch_size or scheduler.auto_batch_size(model),
+        "batch_size": args.batch_size or f"automatic (at most {scheduler.MAX_BATCH})",
         "modes": [],
         "peers": [],
     }
