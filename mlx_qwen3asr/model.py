@@ -199,10 +199,11 @@ class KVCache:
         """One cache holding the rows of several, each one's positions right-aligned at the largest offset.
 
         Rows of a shorter cache get zero keys and values in front (the caller masks them as padding).
-        The result has room for at least `capacity` positions.
+        The result has room for `capacity` positions (at least the largest offset); past them it grows
+        in steps as usual.
         """
         width = max(c.offset for c in caches)
-        capacity = -(-max(capacity, width) // cls.step) * cls.step
+        capacity = max(capacity, width)
 
         def aligned(a: mx.array, offset: int) -> mx.array:
             return mx.pad(a[..., :offset, :], [(0, 0), (0, 0), (width - offset, capacity - width), (0, 0)])

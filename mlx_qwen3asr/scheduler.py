@@ -19,7 +19,7 @@ import numpy as np
 from .audio import SAMPLE_RATE, load_audio, log_mel_spectrogram, prepare_audio
 from .generate import greedy_generate_batch, token_budget
 from .loading import ASRModel
-from .model import KVCache, encoder_batch
+from .model import encoder_batch
 from .prompt import build_prompt_ids, fix_repetitions_flag, join_texts, parse_output, resolve_language
 from .result import Segment, Transcription, main_language
 from .segment import Segment as Span
@@ -208,8 +208,7 @@ class _Decoder:
         for n, task in enumerate(tasks, start=1):
             width = max(width, self.prompt_overhead + cfg.audio_tokens(task.mel.shape[1]))
             budget = max(budget, token_budget(task.span.duration))
-            positions = -(-(width + budget) // KVCache.step) * KVCache.step
-            if n * positions * per_position > memory:
+            if n * (width + budget) * per_position > memory:
                 return max(1, n - 1)
         return len(tasks)
 

@@ -237,7 +237,7 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
 
     def spy(net, prompts, features, budgets, *args, **kwargs):
         width, budget = max(len(p) for p in prompts), max(budgets)
-        batches.append((len(prompts), -(-(width + budget) // KVCache.step) * KVCache.step))
+        batches.append((len(prompts), width + budget))
         return real(net, prompts, features, budgets, *args, **kwargs)
 
     monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
@@ -272,7 +272,7 @@ def test_stacked_caches_right_align_rows_and_leave_room():
         caches.append(c)
     joined = KVCache.stack(caches, capacity=300)
     assert joined.offset == 9
-    assert joined.keys.shape == (3, 2, 2 * KVCache.step, 4)  # room for 300 positions, in whole steps
+    assert joined.keys.shape == (3, 2, 300, 4)  # room for 300 positions
     keys = np.array(joined.keys)
     np.testing.assert_array_equal(keys[:2, :, :4], 0)  # the shorter rows' padding comes first
     np.testing.assert_array_equal(keys[:2, :, 4:9], np.array(caches[0].keys[..., :5, :]))
@@ -282,4 +282,4 @@ def test_stacked_caches_right_align_rows_and_leave_room():
     # Decoding appends after the joined positions without growing the arrays.
     k_new = mx.ones((3, 2, 1, 4))
     full_k, _ = joined.update_and_fetch(k_new, k_new)
-    assert full_k.shape == (3, 2, 10, 4) and joined.keys.shape[2] == 2 * KVCache.step
+    assert full_k.shape == (3, 2, 10, 4) and joined.keys.shape[2] == 300
