@@ -560,9 +560,8 @@ def _transcribe_all(
     report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")
 
     estimates = [estimate_duration(j.path) for j in todo]
-    batch_size = args.batch_size or None  # None: sized per batch from the segments and the free memory
     report.start(estimates)
-    report.batch_started(len(todo), batch_size)
+    report.batch_started(len(todo), args.batch_size)
     started = time.monotonic()
     stream = transcribe_stream(
         model,
@@ -570,7 +569,7 @@ def _transcribe_all(
         language=options.language,
         context=options.context,
         max_segment_seconds=options.max_segment_seconds,
-        batch_size=batch_size,
+        batch_size=args.batch_size,  # None: each batch sized from its segments and the free memory
         skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
         on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
     )

@@ -127,21 +127,22 @@ def greedy_generate_batch(
     else:
         # Groups of rows prefilled apart, then their caches joined (right-aligned, so every row's
         # padding stays in front): costs less per token than one call over every row.
-        groups = []
+        group_caches, group_lasts = [], []
         for start in range(0, n, PREFILL_ROWS):
             rows = slice(start, start + PREFILL_ROWS)
-            group = _prefill(net, prompts[rows], audio_features[rows])
-            mx.eval(group[1], [c.state for c in group[0]])
-            groups.append(group)
+            group_cache, group_last, _ = _prefill(net, prompts[rows], audio_features[rows])
+            mx.eval(group_last, [c.state for c in group_cache])
+            group_caches.append(group_cache)
+            group_lasts.append(group_last)
         width = max(len(p) for p in prompts)
         pad_counts = [width - len(p) for p in prompts]
         cache = []
         for layer in range(len(net.model.layers)):
-            cache.append(KVCache.stack([g[0][layer] for g in groups], width + max(budgets)))
-            for g in groups:
-                g[0][layer] = None  # each group's layer is freed once joined
+            cache.append(KVCache.stack([g[layer] for g in group_caches], width + max(budgets)))
+            for g in group_caches:
+                g[layer] = None  # each group's layer is freed once joined
             mx.eval(cache[-1].state)
-        last = mx.concatenate([g[1] for g in groups], axis=0)
+        last = mx.concatenate(group_lasts, axis=0)
     left_pad = mx.array(pad_counts, dtype=mx.int32) if any(pad_counts) else None
     # Only the last position goes through the vocabulary head.
     logits = net.logits(last)

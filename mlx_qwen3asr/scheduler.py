@@ -35,8 +35,6 @@ STEM_CHUNKS = 8
 # Rows decoded together at most. Tokens per second still grow up to here on a 2-core CPU (0.6b: 36 at
 # 16 rows, 48 at 32); past it, long prompts' prefill would hold too much attention memory at once.
 MAX_BATCH = 32
-# Cache positions one row of a full-length (30 s) segment needs: ~400 prompt + ~410 new tokens.
-ROW_POSITIONS = 1024
 # Share of the available memory that the batch's KV cache may take.
 MEMORY_FRACTION = 0.25
 
@@ -81,16 +79,6 @@ def kv_bytes_per_position(model: ASRModel) -> int:
     """Bytes of keys and values that one cached position of one row takes, over all decoder layers."""
     t = model.config.text_config
     return 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * model.dtype.size
-
-
-def auto_batch_size(model: ASRModel, memory: int | None = None) -> int:
-    """Rows of full-length segments whose KV caches fit the memory share, up to MAX_BATCH.
-
-    Batches of shorter segments take more rows (see transcribe_stream), within the same memory.
-    """
-    memory = available_memory() if memory is None else memory
-    per_row = kv_bytes_per_position(model) * ROW_POSITIONS
-    return int(max(1, min(MAX_BATCH, memory * MEMORY_FRACTION // per_row)))
 
 
 def encode_segments(model: ASRModel, mels: Sequence[np.ndarray]) -> list[mx.array]:
@@ -339,9 +327,8 @@ def transcribe_stream(
 __all__ = [
     "DEFAULT_MAX_SEGMENT_SECONDS",
     "InputResult",
-    "auto_batch_size",
-    "kv_bytes_per_position",
     "encode_segments",
+    "kv_bytes_per_position",
     "load_input",
     "transcribe_stream",
 ]

@@ -501,7 +501,9 @@ def run_peer(
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     if (new_tokens is None) == (tokens_per_second is None):
         raise ValueError("give exactly one of new_tokens and tokens_per_second")
-    if (new_tokens or 1) < 1 or (tokens_per_second or 1) <= 0:
+    if (new_tokens is not None and new_tokens < 1) or (
+        tokens_per_second is not None and tokens_per_second <= 0
+    ):
         raise ValueError("the token budget must be positive")
     audio_paths = [str(Path(p)) for p in audio_paths]
     STATE.new_tokens = new_tokens
