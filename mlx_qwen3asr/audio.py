@@ -161,6 +161,9 @@ def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
         except (sf.LibsndfileError, RuntimeError, ValueError) as e:
             # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
             reason = _one_line(getattr(e, "error_string", None) or str(e)).rstrip(".")
+            if "does not exist or is not a regular file" in reason:
+                # libsndfile's message when its mp3 decoder finds no frames; the file was checked above.
+                reason = "no audio frames found"
             if ffmpeg is not None:
                 try:
                     audio, sr = _decode_ffmpeg(path, ffmpeg)

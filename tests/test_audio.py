@@ -452,6 +452,17 @@ def test_error_text_file_named_wav(tmp_path, monkeypatch, hide_ffmpeg):
     assert "\n" not in msg
 
 
+@pytest.mark.parametrize("hide_ffmpeg", [False, True])
+def test_error_corrupt_mp3_does_not_claim_the_file_is_missing(tmp_path, monkeypatch, hide_ffmpeg):
+    path = tmp_path / "broken.mp3"
+    path.write_bytes(b"garbage")
+    if hide_ffmpeg:
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(AudioError) as info:
+        load_audio(path)
+    assert str(info.value) == f"{path}: not an audio file (no audio frames found)"
+
+
 def test_error_text_file_named_m4a(tmp_path):
     path = tmp_path / "notes.m4a"
     path.write_text("not audio at all\n")
