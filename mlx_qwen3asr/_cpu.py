@@ -3,6 +3,11 @@
 - OpenBLAS: the mlx[cpu] wheel links a bundled reference BLAS that is ~50x slower than OpenBLAS for
   float32 matmul. Loading OpenBLAS with RTLD_GLOBAL before mlx makes its symbols win the lookup.
   Set MLX_QWEN3ASR_NO_OPENBLAS=1 to keep the bundled BLAS.
+- One-row products: MLX computes every product with sgemm, which OpenBLAS (before 0.3.27) runs for
+  one row or one column by packing the weights first, at about 60% of its sgemv speed. Where the
+  package was built with its small C file (_gemv_forward.c, compiled on Linux at install), that
+  file's cblas_sgemm goes ahead of OpenBLAS's and sends such products to sgemv; a decode step of one
+  sequence takes about half the time. Set MLX_QWEN3ASR_NO_GEMV_FORWARD=1 to call sgemm throughout.
 - malloc: MLX's CPU allocator takes every array from malloc and has no cache of its own. glibc serves
   large blocks with fresh mmap pages, so every activation is page-faulted in again (~1.6 ns per float
   here, more than a fused elementwise kernel costs). Keeping freed blocks in the heap lets them be
@@ -13,8 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.machinery
 import os
 import sys
+from pathlib import Path
 
 CANDIDATES = (
     "libopenblas.so.0",
@@ -28,6 +35,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 
 loaded: str | None = None
+gemv_forward = False
 malloc_tuned = False
 
 
@@ -45,12 +53,40 @@ def preload_openblas() -> str | None:
     found = ctypes.util.find_library("openblas")
     for name in ((found,) if found else ()) + CANDIDATES:
         try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            # Local first: the forwarding sgemm must enter the global scope ahead of OpenBLAS.
+            library = ctypes.CDLL(name, mode=ctypes.RTLD_LOCAL)
         except OSError:
             continue
+        _forward_single_rows(library)
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         loaded = name
         return loaded
     return None
+
+
+def gemv_forward_library() -> Path | None:
+    """The compiled _gemv_forward.c beside this file, if the install built it."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_gemv_forward{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
+def _forward_single_rows(openblas: ctypes.CDLL) -> None:
+    """Put the forwarding cblas_sgemm in the global scope, wired to this OpenBLAS (see the module doc)."""
+    global gemv_forward
+    path = gemv_forward_library()
+    if path is None or _opted_out("MLX_QWEN3ASR_NO_GEMV_FORWARD"):
+        return
+    try:
+        sgemm, sgemv = openblas.cblas_sgemm, openblas.cblas_sgemv
+        forward = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except (OSError, AttributeError):
+        return
+    forward.gemv_forward_init(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.cast(sgemv, ctypes.c_void_p))
+    gemv_forward = True
 
 
 def tune_malloc() -> bool:

@@ -282,12 +282,20 @@ def encoder_scaling(model, seconds: list[float]) -> dict[float, float]:
 
 
 def run_peer(
-    python: str, peer: str, model: Path, paths: list[Path], budget: Budget, mode: str, runs: int
+    python: str,
+    peer: str,
+    model: Path,
+    paths: list[Path],
+    budget: Budget,
+    mode: str,
+    runs: int,
+    gemv_forward: bool = False,
 ) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [python, str(REPO_ROOT / "tools" / "peers.py"), "--peer", peer, "--model", str(model)]
     cmd += budget.peer_args() + ["--mode", mode, "--runs", str(runs), "--json", str(out)]
+    cmd += ["--gemv-forward"] if gemv_forward else []
     cmd += [str(p) for p in paths]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 1) or not out.exists() or out.stat().st_size == 0:
@@ -328,7 +336,8 @@ def summarize(mode: str, audio_seconds: float, runs: list[Run], load_s: float) -
 def markdown(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}; mlx {report['mlx']} ({report['device']}); dtype {report['dtype']}; "
-        f"OpenBLAS: {report['openblas'] or 'no'}",
+        f"OpenBLAS: {report['openblas'] or 'no'}"
+        + (" (one-row products forwarded to sgemv)" if report.get("gemv_forward") else ""),
         f"model: {report['model']}; {report['budget']}; medians of {report['runs']} runs",
         "",
         "| mode | audio | segments (rows per batch) | load s | audio decode s | mel s | encoder s | prefill s | decode s | ms/token | wall s "
@@ -416,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-python", default=sys.executable, help="python of an environment with the peers")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument(
+        "--peers-gemv-forward",
+        action="store_true",
+        help="give the peers our forwarding of one-row products to sgemv too (default: they run without it)",
+    )
+    ap.add_argument(
         "--peer-results",
         nargs="*",
         default=[],
@@ -450,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(mx.default_device()),
         "dtype": str(model.dtype).replace("mlx.core.", ""),
         "openblas": _cpu.loaded,
+        "gemv_forward": _cpu.gemv_forward,
         "malloc_tuned": _cpu.malloc_tuned,
         "model": str(model_path),
         "budget": budget.describe(),
@@ -492,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                         budget,
                         mode,
                         args.peer_runs or args.runs,
+                        args.peers_gemv_forward,
                     )
                     result["mode"] = mode
                     report["peers"].append(result)

@@ -24,12 +24,15 @@ Modes only choose the peer's entry point and batching:
 
 The process gets the same CPU setup as ours (mlx_qwen3asr/_cpu.py): OpenBLAS loaded globally before
 mlx is imported (MLX's CPU matmul is only fast with it) and glibc malloc keeping freed blocks for reuse.
-Both are process settings, not model code, so the peers run with them too.
+Both are process settings, not model code, so the peers run with them too. Our forwarding of one-row
+products from sgemm to sgemv (mlx_qwen3asr/_gemv_forward.c) is this project's own code, so the peers
+run without it unless --gemv-forward is given.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +48,8 @@ def _load_cpu_module():
     return module
 
 
+if "--gemv-forward" not in sys.argv[1:]:
+    os.environ["MLX_QWEN3ASR_NO_GEMV_FORWARD"] = "1"
 _cpu = _load_cpu_module()
 BLAS_LOADED = _cpu.preload_openblas()
 MALLOC_TUNED = _cpu.tune_malloc()
@@ -510,7 +515,11 @@ def run_peer(
     STATE.tokens_per_second = tokens_per_second
     STATE.stages = stages
     STATE.reset()
-    notes: list[str] = [f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}", f"malloc tuned: {MALLOC_TUNED}"]
+    notes: list[str] = [
+        f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}",
+        f"one-row products forwarded to sgemv: {_cpu.gemv_forward}",
+        f"malloc tuned: {MALLOC_TUNED}",
+    ]
 
     runner = _run_moona3k if peer == "moona3k" else _run_mlx_audio
     info = runner(Path(model_dir), audio_paths, mode, dtype, language, batch_size, notes)
@@ -592,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size", type=int, default=8, help="mlx-audio segments per batch (file/folder)"
     )
     parser.add_argument("--no-stages", action="store_true", help="skip the stage timers")
+    parser.add_argument(
+        "--gemv-forward",
+        action="store_true",
+        help="give the peer our forwarding of one-row products to sgemv (read before argument parsing)",
+    )
     parser.add_argument("--json", help="write the result here (default: stdout)")
     parser.add_argument("audio", nargs="+")
     args = parser.parse_args(argv)

@@ -1,0 +1,15 @@
+"""Build configuration beyond pyproject.toml: one optional C file on Linux (see _gemv_forward.c)."""
+
+import sys
+
+from setuptools import Extension, setup
+
+extensions = []
+if sys.platform.startswith("linux"):
+    # Loaded with ctypes, never imported. Optional: without a C compiler the package installs and runs
+    # on OpenBLAS's sgemm alone.
+    extensions.append(
+        Extension("mlx_qwen3asr._gemv_forward", ["mlx_qwen3asr/_gemv_forward.c"], optional=True)
+    )
+
+setup(ext_modules=extensions)
