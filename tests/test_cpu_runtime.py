@@ -59,6 +59,8 @@ def forward_library() -> ctypes.CDLL:
     library.gemv_forward_init(
         ctypes.cast(openblas.cblas_sgemm, ctypes.c_void_p), ctypes.cast(openblas.cblas_sgemv, ctypes.c_void_p)
     )
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    library.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
     return library
 
 
@@ -92,9 +94,6 @@ def test_forwarded_sgemm_matches_the_product(trans_a, trans_b, m, n, k, beta):
     op_b = op_b if trans_b == NO_TRANS else op_b.T
     expected = 1.5 * op_a @ op_b + (beta * c_before if beta else 0.0)
 
-    p = ctypes.c_void_p
-    library.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, p, ctypes.c_int, p, ctypes.c_int]
-    library.cblas_sgemm.argtypes += [ctypes.c_float, p, ctypes.c_int]
     library.cblas_sgemm(
         ROW_MAJOR,
         trans_a,
@@ -122,9 +121,6 @@ def test_column_major_products_pass_through_unchanged():
     a = rng.standard_normal((5, 4), dtype=np.float32)  # column-major 4 x 5 read as its transpose
     b = rng.standard_normal(5, dtype=np.float32)
     c = np.full(4, np.nan, dtype=np.float32)
-    p = ctypes.c_void_p
-    library.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, p, ctypes.c_int, p, ctypes.c_int]
-    library.cblas_sgemm.argtypes += [ctypes.c_float, p, ctypes.c_int]
     library.cblas_sgemm(
         COL_MAJOR, NO_TRANS, NO_TRANS, 4, 1, 5, 1.0, a.ctypes.data, 4, b.ctypes.data, 5, 0.0, c.ctypes.data, 4
     )
@@ -134,9 +130,8 @@ def test_column_major_products_pass_through_unchanged():
 @linux_only
 def test_forwarding_is_on_where_built_and_can_be_turned_off():
     built = _cpu.gemv_forward_library() is not None
-    assert _cpu.gemv_forward == (
-        built and _cpu.loaded is not None and "MLX_QWEN3ASR_NO_GEMV_FORWARD" not in os.environ
-    )
+    opted_out = _cpu._opted_out("MLX_QWEN3ASR_NO_GEMV_FORWARD")
+    assert _cpu.gemv_forward == (built and _cpu.loaded is not None and not opted_out)
     code = "import mlx_qwen3asr._cpu as c; import mlx_qwen3asr; print(c.loaded is not None, c.gemv_forward)"
     env = dict(os.environ, MLX_QWEN3ASR_NO_GEMV_FORWARD="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

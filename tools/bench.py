@@ -258,6 +258,21 @@ def memory_bandwidth() -> float:
     return a.nbytes / best
 
 
+def gemv_bandwidth() -> float:
+    """Bytes per second a float32 matrix-vector product streams: numpy's BLAS over a 1 GiB matrix, best of 5.
+
+    What a decode step of one row could reach if every product ran at the speed of one large sgemv.
+    """
+    a = np.ones((1 << 18, 1024), dtype=np.float32)
+    x = np.ones(1024, dtype=np.float32)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ x
+        best = min(best, time.perf_counter() - start)
+    return a.nbytes / best
+
+
 def decoder_bytes(model) -> int:
     """Bytes one decode step reads: the decoder's weights and the vocabulary head."""
     from mlx.utils import tree_flatten
@@ -367,6 +382,8 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"\nbandwidth floor per step: {floor:.1f} ms ({report['decoder_mb']:.0f} MB of decoder weights at "
                 f"{report['bandwidth_gbs']:.1f} GB/s); batch-1 step = {one / floor:.2f}x the floor"
+                f"\nmatrix-vector floor: {report['gemv_floor_ms']:.1f} ms (one sgemv over 1 GiB streams "
+                f"{report['gemv_gbs']:.1f} GB/s here); batch-1 step = {one / report['gemv_floor_ms']:.2f}x that"
             )
     if report.get("encoder_s_per_audio_s"):
         cells = ", ".join(
@@ -522,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
         report["bandwidth_gbs"] = bandwidth / 1e9
         report["decoder_mb"] = decoder_bytes(model) / 1e6
         report["bandwidth_floor_ms"] = 1000 * decoder_bytes(model) / bandwidth
+        streamed = gemv_bandwidth()
+        report["gemv_gbs"] = streamed / 1e9
+        report["gemv_floor_ms"] = 1000 * decoder_bytes(model) / streamed
     if args.encoder_seconds:
         lengths = [float(s) for s in args.encoder_seconds.split(",")]
         report["encoder_s_per_audio_s"] = {str(k): v for k, v in encoder_scaling(model, lengths).items()}
