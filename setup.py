@@ -6,10 +6,16 @@ from setuptools import Extension, setup
 
 extensions = []
 if sys.platform.startswith("linux"):
-    # Loaded with ctypes, never imported. Optional: without a C compiler the package installs and runs
-    # on OpenBLAS's sgemm alone.
+    # Loaded with ctypes, never imported. Optional: without a C compiler (with OpenMP) the package
+    # installs and runs on OpenBLAS's sgemm alone.
     extensions.append(
-        Extension("mlx_qwen3asr._gemv_forward", ["mlx_qwen3asr/_gemv_forward.c"], optional=True)
+        Extension(
+            "mlx_qwen3asr._gemv_forward",
+            ["mlx_qwen3asr/_gemv_forward.c"],
+            extra_compile_args=["-O3", "-fopenmp"],
+            extra_link_args=["-fopenmp"],
+            optional=True,
+        )
     )
 
 setup(ext_modules=extensions)

@@ -1,16 +1,23 @@
-/* cblas_sgemm that sends one-row and one-column products to cblas_sgemv.
+/* cblas_sgemm that gives products of one to eight rows kernels which read the weights once.
  *
- * MLX's CPU backend computes every matrix product with cblas_sgemm. A decode step of one sequence
- * is a chain of matrix-vector products, and OpenBLAS's sgemm (before 0.3.27) packs the weights
- * first: it streams them at about 19 GB/s here, against about 31 GB/s for its sgemv. Loaded with
- * RTLD_GLOBAL ahead of OpenBLAS, this definition of cblas_sgemm wins the symbol lookup for MLX;
- * every other product goes to OpenBLAS's own sgemm unchanged.
+ * MLX's CPU backend computes every matrix product with cblas_sgemm. A decode step of a few
+ * sequences is a chain of products of the weights with 1 to 8 rows, and OpenBLAS's sgemm (before
+ * 0.3.27) packs the weights first: for one row it streams them at about 19 GB/s here, against about
+ * 31 GB/s for its sgemv, and 2 to 8 rows cost about as much as 8. Loaded with RTLD_GLOBAL ahead of
+ * OpenBLAS, this definition of cblas_sgemm wins the symbol lookup for MLX:
+ *   - one row or one column: OpenBLAS's sgemv;
+ *   - 2 to 8 rows (or columns) against a row-major matrix used transposed (x @ W.T, or W @ x.T):
+ *     a kernel below that streams each weight row once and takes its dot products with all the
+ *     rows, split across the cores with OpenMP (x86-64 with AVX2 and FMA);
+ *   - anything else: OpenBLAS's sgemm unchanged.
  *
- * mlx_qwen3asr/_cpu.py builds nothing at run time: setuptools compiles this file on Linux when the
- * package is installed, and _cpu.py loads it with ctypes and hands it OpenBLAS's two functions.
+ * setuptools compiles this file on Linux when the package is installed; mlx_qwen3asr/_cpu.py loads
+ * it with ctypes and hands it OpenBLAS's sgemm and sgemv.
  */
 
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef void (*sgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
@@ -39,9 +46,101 @@ static void gemv(int trans, int rows, int cols, float alpha, const float *a, int
     real_sgemv(ROW_MAJOR, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_FEW_ROWS 1
+#define MAX_FEW_ROWS 8
+#define AVX2 __attribute__((target("avx2,fma")))
+
+typedef float v8 __attribute__((vector_size(32)));
+
+AVX2 static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* out[i * rs + j * cs] = alpha * dot(w[i, :k], x[j, :k]) (+ beta * out) for i < m, j < N.
+ * Two accumulators per x row keep enough multiply-adds in flight for N = 2. */
+#define FEW_ROWS(N)                                                                                \
+    AVX2 static void few_rows_##N(int m, int k, float alpha, const float *w, int ldw,            \
+                                  const float *x, int ldx, float beta, float *out, ptrdiff_t rs, \
+                                  ptrdiff_t cs) {                                                 \
+        _Pragma("omp parallel for schedule(static) if ((ptrdiff_t)m * k >= 65536)")               \
+        for (int i = 0; i < m; i++) {                                                             \
+            const float *wi = w + (ptrdiff_t)i * ldw;                                             \
+            v8 acc0[N], acc1[N];                                                                  \
+            for (int j = 0; j < N; j++) acc0[j] = acc1[j] = (v8){0};                              \
+            int p = 0;                                                                            \
+            for (; p + 16 <= k; p += 16) {                                                        \
+                v8 w0 = load8(wi + p), w1 = load8(wi + p + 8);                                    \
+                for (int j = 0; j < N; j++) {                                                     \
+                    acc0[j] += w0 * load8(x + (ptrdiff_t)j * ldx + p);                            \
+                    acc1[j] += w1 * load8(x + (ptrdiff_t)j * ldx + p + 8);                        \
+                }                                                                                 \
+            }                                                                                     \
+            for (int j = 0; j < N; j++) {                                                         \
+                v8 t = acc0[j] + acc1[j];                                                         \
+                float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));      \
+                for (int q = p; q < k; q++) s += wi[q] * x[(ptrdiff_t)j * ldx + q];               \
+                float *o = out + (ptrdiff_t)i * rs + (ptrdiff_t)j * cs;                           \
+                *o = beta == 0.0f ? alpha * s : alpha * s + beta * *o;                            \
+            }                                                                                     \
+        }                                                                                         \
+    }
+
+FEW_ROWS(1)
+FEW_ROWS(2)
+FEW_ROWS(3)
+FEW_ROWS(4)
+FEW_ROWS(5)
+FEW_ROWS(6)
+FEW_ROWS(7)
+FEW_ROWS(8)
+
+/* The products of the n rows of x0 (n <= 8) with the m rows of w. Returns 0 where it cannot run
+ * (no AVX2/FMA, no memory), and the caller falls back to sgemm. */
+static int few_rows(int n, int m, int k, float alpha, const float *w, int ldw, const float *x0,
+                    int ldx0, float beta, float *out, ptrdiff_t rs, ptrdiff_t cs) {
+    static int supported = -1;
+    if (supported < 0) supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!supported) return 0;
+    /* The x rows packed side by side, offset from 4 KiB multiples so they do not share L1 sets. */
+    int ldx = (k + 15) / 16 * 16 + 16;
+    if (ldx % 1024 == 0) ldx += 16;
+    float *x = malloc(sizeof(float) * (size_t)ldx * n);
+    if (x == NULL) return 0;
+    for (int j = 0; j < n; j++) memcpy(x + (ptrdiff_t)j * ldx, x0 + (ptrdiff_t)j * ldx0, sizeof(float) * k);
+    switch (n) {
+        case 1: few_rows_1(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        case 2: few_rows_2(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        case 3: few_rows_3(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        case 4: few_rows_4(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        case 5: few_rows_5(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        case 6: few_rows_6(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        case 7: few_rows_7(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+        default: few_rows_8(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
+    }
+    free(x);
+    return 1;
+}
+#endif
+
 /* C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C. */
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+#ifdef HAVE_FEW_ROWS
+    if (order == ROW_MAJOR && k > 0 && trans_a == NO_TRANS && trans_b == TRANS && m > 1 && n > 0) {
+        /* A's rows and B's rows (op(B) = B^T) are both rows of length k. */
+        if (n <= MAX_FEW_ROWS && few_rows(n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, 1)) {
+            return; /* C[i, j] = A[i] . B[j]: A streamed, B's n rows reused */
+        }
+    }
+    if (order == ROW_MAJOR && k > 0 && trans_a == NO_TRANS && trans_b == TRANS && n > MAX_FEW_ROWS) {
+        if (m <= MAX_FEW_ROWS && few_rows(m, n, k, alpha, b, ldb, a, lda, beta, c, 1, ldc)) {
+            return; /* C[i, j] = B[j] . A[i]: B streamed, A's m rows reused */
+        }
+    }
+#endif
     if (order == ROW_MAJOR && k > 0 && n == 1 && m > 1) {
         /* One column: c = op(A) b, where b is column 0 of op(B) and c has stride ldc. */
         int inc_b = trans_b == NO_TRANS ? ldb : 1;
