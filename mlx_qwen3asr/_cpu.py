@@ -3,11 +3,12 @@
 - OpenBLAS: the mlx[cpu] wheel links a bundled reference BLAS that is ~50x slower than OpenBLAS for
   float32 matmul. Loading OpenBLAS with RTLD_GLOBAL before mlx makes its symbols win the lookup.
   Set MLX_QWEN3ASR_NO_OPENBLAS=1 to keep the bundled BLAS.
-- One-row products: MLX computes every product with sgemm, which OpenBLAS (before 0.3.27) runs for
-  one row or one column by packing the weights first, at about 60% of its sgemv speed. Where the
-  package was built with its small C file (_gemv_forward.c, compiled on Linux at install), that
-  file's cblas_sgemm goes ahead of OpenBLAS's and sends such products to sgemv; a decode step of one
-  sequence takes about half the time. Set MLX_QWEN3ASR_NO_GEMV_FORWARD=1 to call sgemm throughout.
+- Products of a few rows: MLX computes every product with sgemm, which OpenBLAS (before 0.3.27)
+  runs by packing the weights first, even for one row. Where the package was built with its small C
+  file (_gemv_forward.c, compiled on Linux at install), that file's cblas_sgemm goes ahead of
+  OpenBLAS's and runs products of 1 to 8 rows in a kernel that streams the weights once (or sends
+  them to sgemv); decode steps of 1 to 8 sequences take a third to two thirds of the time. Set
+  MLX_QWEN3ASR_NO_GEMV_FORWARD=1 to call OpenBLAS's sgemm throughout.
 - malloc: MLX's CPU allocator takes every array from malloc and has no cache of its own. glibc serves
   large blocks with fresh mmap pages, so every activation is page-faulted in again (~1.6 ns per float
   here, more than a fused elementwise kernel costs). Keeping freed blocks in the heap lets them be

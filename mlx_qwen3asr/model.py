@@ -151,7 +151,7 @@ def _project(weight: mx.array, x: mx.array) -> mx.array:
     OpenBLAS streams them faster for 1 to 3 rows (a 0.6b decode step: 180-230 ms against 250-310);
     from 4 rows on, that orientation's speed varies from process to process, often to twice the
     time, while x @ weight.T holds steady (4 rows 330 ms, 16 rows 440, 32 rows 660). Where the
-    package's sgemv forwarding is loaded (_cpu.py), one row runs as sgemv in either orientation.
+    package's kernel for few rows is loaded (_cpu.py), 1 to 8 rows run there in either orientation.
     """
     rows = x.size // x.shape[-1]
     if rows <= WEIGHT_MAJOR_ROWS and on_cpu():

@@ -42,7 +42,7 @@ def test_malloc_is_tuned_on_glibc_and_can_be_turned_off():
 
 
 # --------------------------------------------------------------------------------------------------
-# One-row products forwarded to sgemv (_gemv_forward.c)
+# Products of 1 to 8 rows (_gemv_forward.c)
 # --------------------------------------------------------------------------------------------------
 
 ROW_MAJOR, COL_MAJOR, NO_TRANS, TRANS = 101, 102, 111, 112

@@ -352,7 +352,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}; mlx {report['mlx']} ({report['device']}); dtype {report['dtype']}; "
         f"OpenBLAS: {report['openblas'] or 'no'}"
-        + (" (one-row products forwarded to sgemv)" if report.get("gemv_forward") else ""),
+        + (" (products of 1-8 rows in our kernel)" if report.get("gemv_forward") else ""),
         f"model: {report['model']}; {report['budget']}; medians of {report['runs']} runs",
         "",
         "| mode | audio | segments (rows per batch) | load s | audio decode s | mel s | encoder s | prefill s | decode s | ms/token | wall s "
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--peers-gemv-forward",
         action="store_true",
-        help="give the peers our forwarding of one-row products to sgemv too (default: they run without it)",
+        help="give the peers our kernel for products of 1-8 rows too (default: they run without it)",
     )
     ap.add_argument(
         "--peer-results",

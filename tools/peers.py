@@ -24,8 +24,8 @@ Modes only choose the peer's entry point and batching:
 
 The process gets the same CPU setup as ours (mlx_qwen3asr/_cpu.py): OpenBLAS loaded globally before
 mlx is imported (MLX's CPU matmul is only fast with it) and glibc malloc keeping freed blocks for reuse.
-Both are process settings, not model code, so the peers run with them too. Our forwarding of one-row
-products from sgemm to sgemv (mlx_qwen3asr/_gemv_forward.c) is this project's own code, so the peers
+Both are process settings, not model code, so the peers run with them too. Our kernel for products of
+1 to 8 rows (mlx_qwen3asr/_gemv_forward.c) is this project's own code, so the peers
 run without it unless --gemv-forward is given.
 """
 
@@ -517,7 +517,7 @@ def run_peer(
     STATE.reset()
     notes: list[str] = [
         f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}",
-        f"one-row products forwarded to sgemv: {_cpu.gemv_forward}",
+        f"products of 1-8 rows in our kernel: {_cpu.gemv_forward}",
         f"malloc tuned: {MALLOC_TUNED}",
     ]
 
@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gemv-forward",
         action="store_true",
-        help="give the peer our forwarding of one-row products to sgemv (read before argument parsing)",
+        help="give the peer our kernel for products of 1-8 rows (read before argument parsing)",
     )
     parser.add_argument("--json", help="write the result here (default: stdout)")
     parser.add_argument("audio", nargs="+")
