@@ -54,11 +54,11 @@ def preload_openblas() -> str | None:
     found = ctypes.util.find_library("openblas")
     for name in ((found,) if found else ()) + CANDIDATES:
         try:
-            # Local first: the forwarding sgemm must enter the global scope ahead of OpenBLAS.
+            # Local first: _gemv_forward.c's sgemm must enter the global scope ahead of OpenBLAS's.
             library = ctypes.CDLL(name, mode=ctypes.RTLD_LOCAL)
         except OSError:
             continue
-        _forward_single_rows(library)
+        _load_gemv_forward(library)
         ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         loaded = name
         return loaded
@@ -75,8 +75,8 @@ def gemv_forward_library() -> Path | None:
     return None
 
 
-def _forward_single_rows(openblas: ctypes.CDLL) -> None:
-    """Put the forwarding cblas_sgemm in the global scope, wired to this OpenBLAS (see the module doc)."""
+def _load_gemv_forward(openblas: ctypes.CDLL) -> None:
+    """Put _gemv_forward.c's cblas_sgemm in the global scope, wired to this OpenBLAS (see the module doc)."""
     global gemv_forward
     path = gemv_forward_library()
     if path is None or _opted_out("MLX_QWEN3ASR_NO_GEMV_FORWARD"):

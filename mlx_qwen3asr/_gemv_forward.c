@@ -102,7 +102,10 @@ FEW_ROWS(8)
 static int few_rows(int n, int m, int k, float alpha, const float *w, int ldw, const float *x0,
                     int ldx0, float beta, float *out, ptrdiff_t rs, ptrdiff_t cs) {
     static int supported = -1;
-    if (supported < 0) supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (supported < 0) {
+        __builtin_cpu_init();
+        supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
     if (!supported) return 0;
     /* The x rows packed side by side, offset from 4 KiB multiples so they do not share L1 sets. */
     int ldx = (k + 15) / 16 * 16 + 16;

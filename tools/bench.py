@@ -243,19 +243,24 @@ def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: floa
     return out
 
 
+def _best_seconds(run, repeats: int = 5) -> float:
+    """The shortest of `repeats` timed calls of run()."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def memory_bandwidth() -> float:
     """Bytes per second the CPU reads: numpy sums over a 1 GiB array split across all cores, best of 5."""
     from concurrent.futures import ThreadPoolExecutor
 
     a = np.ones(1 << 28, dtype=np.float32)
     parts = np.array_split(a, os.cpu_count() or 1)
-    best = math.inf
     with ThreadPoolExecutor(len(parts)) as pool:
-        for _ in range(5):
-            start = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = min(best, time.perf_counter() - start)
-    return a.nbytes / best
+        return a.nbytes / _best_seconds(lambda: list(pool.map(np.sum, parts)))
 
 
 def gemv_bandwidth() -> float:
@@ -265,12 +270,7 @@ def gemv_bandwidth() -> float:
     """
     a = np.ones((1 << 18, 1024), dtype=np.float32)
     x = np.ones(1024, dtype=np.float32)
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        a @ x
-        best = min(best, time.perf_counter() - start)
-    return a.nbytes / best
+    return a.nbytes / _best_seconds(lambda: a @ x)
 
 
 def decoder_bytes(model) -> int:
@@ -535,13 +535,13 @@ def main(argv: list[str] | None = None) -> int:
         report["decode_sweep_ms"] = {
             str(b): ms for b, ms in decode_sweep(model, sizes, args.sweep_steps).items()
         }
-        bandwidth = memory_bandwidth()
+        weights = decoder_bytes(model)
+        bandwidth, streamed = memory_bandwidth(), gemv_bandwidth()
+        report["decoder_mb"] = weights / 1e6
         report["bandwidth_gbs"] = bandwidth / 1e9
-        report["decoder_mb"] = decoder_bytes(model) / 1e6
-        report["bandwidth_floor_ms"] = 1000 * decoder_bytes(model) / bandwidth
-        streamed = gemv_bandwidth()
+        report["bandwidth_floor_ms"] = 1000 * weights / bandwidth
         report["gemv_gbs"] = streamed / 1e9
-        report["gemv_floor_ms"] = 1000 * decoder_bytes(model) / streamed
+        report["gemv_floor_ms"] = 1000 * weights / streamed
     if args.encoder_seconds:
         lengths = [float(s) for s in args.encoder_seconds.split(",")]
         report["encoder_s_per_audio_s"] = {str(k): v for k, v in encoder_scaling(model, lengths).items()}
