@@ -31,9 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert a Qwen3-ASR checkpoint (release, transformers -hf or MLX layout; ASR or forced "
         "aligner) into an MLX checkpoint, optionally quantized.",
         epilog="Without --bits the checkpoint is written unquantized in --dtype. With --bits, decoder linears "
-        "and the token embedding use --bits; encoder linears use --encoder-bits (default 8 under --bits 4, "
-        "else --bits; 16 leaves the encoder unquantized, the layout mlx-community publishes). Convolutions "
-        "and norms are never quantized.",
+        "and the token embedding use --bits and the audio encoder stays unquantized, as mlx-community "
+        "publishes it: mlx_qwen3asr, mlx-audio and mlx-qwen3-asr all read the output. --encoder-bits 4|8 "
+        "quantizes the encoder too (smaller; read by mlx_qwen3asr and mlx-qwen3-asr, not by mlx-audio). "
+        "Convolutions and norms are never quantized.",
     )
     ap.add_argument("src", help="checkpoint directory or Hugging Face repo id (org/name)")
     ap.add_argument("-o", "--output", required=True, metavar="DST", help="directory to create")
@@ -42,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-size", type=int, choices=GROUP_SIZES, default=64, help="quantization group size (default 64)"
     )
     ap.add_argument(
-        "--encoder-bits", type=int, choices=ENCODER_BITS, default=None, help="bits of the audio encoder"
+        "--encoder-bits",
+        type=int,
+        choices=ENCODER_BITS,
+        default=None,
+        help="bits of the audio encoder (default 16: unquantized, readable by every MLX tool)",
     )
     ap.add_argument(
         "--dtype",
@@ -78,6 +83,7 @@ def summary(result: ConversionResult) -> list[str]:
     lines = [
         f"converted {result.source} ({result.source_layout} layout, {kind}) -> {result.path}",
         f"  recipe: {result.recipe.describe()}",
+        f"  read by: {result.recipe.readers}",
     ]
     if result.quantized:
         by_bits: dict[int, int] = {}

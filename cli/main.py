@@ -40,7 +40,7 @@ from mlx_qwen3asr.batch import (
     plan_jobs,
     write_outputs,
 )
-from mlx_qwen3asr.loading import DTYPES, load
+from mlx_qwen3asr.loading import DTYPES, load, require_kind
 from mlx_qwen3asr.prompt import resolve_language
 from mlx_qwen3asr.result import Segment
 from mlx_qwen3asr.scheduler import (
@@ -450,7 +450,7 @@ class Reporter:
 
 def _model_error(model: str, e: BaseException) -> str:
     reason = _one_line(str(e)) or type(e).__name__
-    for prefix in (model, str(Path(model).expanduser())):
+    for prefix in (model, str(Path(model).expanduser()), str(Path(model).expanduser().resolve())):
         if reason.startswith(prefix + ": "):
             reason = reason[len(prefix) + 2 :]
     return f"model {model}: {reason}"
@@ -554,7 +554,8 @@ def _transcribe_all(
     t0 = time.monotonic()
     try:
         model = load(args.model, dtype=args.dtype)
-    except Exception as e:  # missing, unreadable or mismatched checkpoints all stop the run here
+        require_kind(model, "asr")  # a forced aligner reads its timestamp classes as words
+    except Exception as e:  # missing, unreadable, mismatched or wrong-kind checkpoints stop the run here
         report.error(_model_error(args.model, e))
         return EXIT_USAGE
     report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")

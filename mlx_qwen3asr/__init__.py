@@ -12,7 +12,7 @@ preload_openblas()
 tune_malloc()
 
 from .audio import AudioError, load_audio  # noqa: E402
-from .loading import ASRModel, ModelLoadError, load  # noqa: E402
+from .loading import ASRModel, ModelLoadError, WrongModelError, load, require_kind  # noqa: E402
 from .prompt import SUPPORTED_LANGUAGES  # noqa: E402
 from .scheduler import InputResult, transcribe_stream  # noqa: E402
 from .transcribe import Segment, Transcription, transcribe  # noqa: E402
@@ -27,8 +27,10 @@ __all__ = [
     "SUPPORTED_LANGUAGES",
     "Segment",
     "Transcription",
+    "WrongModelError",
     "load",
     "load_audio",
+    "require_kind",
     "transcribe",
     "transcribe_stream",
 ]

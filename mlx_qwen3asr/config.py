@@ -143,3 +143,8 @@ class ModelConfig:
     @property
     def is_forced_aligner(self) -> bool:
         return "forced_aligner" in self.model_type
+
+    @property
+    def kind(self) -> str:
+        """ "aligner" for Qwen3-ForcedAligner, "asr" for a speech recognition model."""
+        return "aligner" if self.is_forced_aligner else "asr"

@@ -4,17 +4,17 @@ Sources (a local directory or a Hugging Face repo id):
   * the original release: nested `thinker_config`, weights named `thinker.*`, OIHW convolutions;
   * the transformers-native `-hf` layout: top-level `audio_config`/`text_config`, weights named
     `model.audio_tower.*`, `model.multi_modal_projector.linear_{1,2}.*` (the encoder's proj1/proj2),
-    `model.language_model.*`, and `lm_head.*` (ASR) or `score.*` (forced aligner); a top-level config
-    over `thinker.*` weights is read too;
+    `model.language_model.*`, and `lm_head.*` (ASR) or `score.*` (forced aligner);
   * MLX conversions (weights already in the module tree's names, OHWI convolutions). An already
     quantized checkpoint is refused: quantizing its dequantized weights again would stack a second
     rounding error on the first, so convert from the original release instead.
 
-Output, as mlx-community publishes it so that other MLX tools read it: weights in the module tree's
-names (`audio_tower.*`, `model.*`, `lm_head.*` only for an untied head or the aligner), OHWI
-convolutions, safetensors shards of about 5 GB with `model.safetensors.index.json`; config.json is
-the source's release-layout config (an `-hf` config is rewritten into that layout) plus a
-`quantization` block, duplicated as `quantization_config` as mlx-lm does:
+Output, as mlx-community publishes it (mlx-audio's own converter writes the same bytes), so that other
+MLX tools read it: weights in the module tree's names (`audio_tower.*`, `model.*`, `lm_head.*` only
+for an untied head or the aligner), OHWI convolutions, safetensors shards of about 5 GB with
+`model.safetensors.index.json`; config.json is the source's release-layout config (an `-hf` config is
+rewritten into that layout) plus a `quantization` block, duplicated as `quantization_config` as mlx-lm
+does. With a quantized encoder (an option) the block also names the layers at other bits:
 
     {"group_size": 64, "bits": 4, "mode": "affine",
      "audio_tower.layers.0.fc1": {"group_size": 64, "bits": 8},   # a layer at other bits
@@ -22,9 +22,10 @@ the source's release-layout config (an `-hf` config is rewritten into that layou
 
 Recipe: decoder linears, the token embedding (which is also the tied head) and the aligner's
 timestamp classifier at `bits`; encoder linears (including conv_out and the proj1/proj2 projector)
-at `encoder_bits` (16 keeps them in `dtype`); convolutions and norms are never quantized. A layer
-whose input width is not a multiple of the group size stays in `dtype` and gets a `false` entry.
-With the encoder left unquantized the block is exactly mlx-community's: no per-layer entries.
+at `encoder_bits`, by default 16: left in `dtype`, as mlx-community publishes them, because mlx-audio
+never quantizes the encoder and fails on a checkpoint whose encoder is packed. Convolutions and norms
+are never quantized. A layer whose input width is not a multiple of the group size stays in `dtype`
+and gets a `false` entry. With the encoder left unquantized the block is exactly mlx-community's.
 
 The aligner's classifier (classify_num x hidden, about 1% of the model) is quantized like the rest
 of the decoder, as mlx-audio's conversions do, so both tools agree on which tensors are packed.
@@ -50,12 +51,14 @@ from typing import Any
 import mlx.core as mx
 
 from .config import ModelConfig
+from .layouts import PREPROCESSOR_CONFIG
 from .loading import (
     DTYPES,
+    Checkpoint,
     ModelLoadError,
     build_checked,
     check_weights,
-    read_weights,
+    read_checkpoint,
     resolve_model_path,
 )
 from .model import Qwen3ASR
@@ -65,28 +68,11 @@ ENCODER_BITS = (4, 8, 16)
 GROUP_SIZES = (32, 64, 128)
 MAX_SHARD_BYTES = 5 * 10**9
 QUANT_MODE = "affine"
+READERS_ALL = "mlx_qwen3asr, mlx-audio and mlx-qwen3-asr"
+READERS_QUANTIZED_ENCODER = "mlx_qwen3asr and mlx-qwen3-asr; not mlx-audio, which never quantizes the encoder"
 # Tokenizer, preprocessor and chat-template files travel with the weights.
 COPY_PATTERNS = ("*.json", "*.txt", "*.jinja", "tokenizer.*")
 NOT_COPIED = frozenset({"config.json", "model.safetensors.index.json"})
-# transformers' Qwen3ASR port -> the release's module tree (order matters: most specific first).
-HF_RENAMES = (
-    ("model.language_model.", "model."),
-    ("model.audio_tower.", "audio_tower."),
-    ("model.multi_modal_projector.linear_1.", "audio_tower.proj1."),
-    ("model.multi_modal_projector.linear_2.", "audio_tower.proj2."),
-    ("score.", "lm_head."),
-)
-HF_PREFIXES = ("model.language_model.", "model.audio_tower.", "model.multi_modal_projector.")
-# transformers' encoder config accepts these aliases for the release's field names.
-AUDIO_ALIASES = {
-    "num_attention_heads": "encoder_attention_heads",
-    "num_hidden_layers": "encoder_layers",
-    "hidden_size": "d_model",
-    "intermediate_size": "encoder_ffn_dim",
-}
-# Fields of the release's thinker_config that the -hf layout keeps at the top level.
-THINKER_FIELDS = ("audio_token_id", "audio_start_token_id", "audio_end_token_id", "user_token_id")
-DEFAULT_TIMESTAMP_SEGMENT_MS = 80.0
 
 
 class ConvertError(Exception):
@@ -116,6 +102,13 @@ class Recipe:
             f"other weights {self.dtype}"
         )
 
+    @property
+    def readers(self) -> str:
+        """Which MLX tools read a checkpoint of this recipe."""
+        if self.bits is not None and self.encoder_bits != 16:
+            return READERS_QUANTIZED_ENCODER
+        return READERS_ALL
+
 
 @dataclass
 class ConversionResult:
@@ -136,7 +129,7 @@ class ConversionResult:
 def make_recipe(
     bits: int | None = None, group_size: int = 64, encoder_bits: int | None = None, dtype: str = "bfloat16"
 ) -> Recipe:
-    """Validate the options and fill in the encoder's default (8 bits under a 4-bit decoder)."""
+    """Validate the options; the encoder stays unquantized unless `encoder_bits` says otherwise."""
     if dtype not in DTYPES:
         raise ConvertError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     if bits is None:
@@ -148,7 +141,7 @@ def make_recipe(
     if group_size not in GROUP_SIZES:
         raise ConvertError(f"group size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}")
     if encoder_bits is None:
-        encoder_bits = 8 if bits == 4 else bits
+        encoder_bits = 16
     if encoder_bits not in ENCODER_BITS:
         raise ConvertError(
             f"encoder bits must be one of {', '.join(map(str, ENCODER_BITS))}, got {encoder_bits}"
@@ -161,81 +154,6 @@ def make_recipe(
 # --------------------------------------------------------------------------------------------------
 
 
-def weight_layout(keys) -> str:
-    keys = list(keys)
-    if any(k.startswith("thinker.") for k in keys):
-        return "release"
-    if any(k.startswith(HF_PREFIXES) for k in keys):
-        return "hf"
-    return "mlx"
-
-
-def hf_to_release_names(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """Rename transformers-native weights onto the module tree (values untouched, convs still OIHW)."""
-    out = {}
-    for key, value in weights.items():
-        for old, new in HF_RENAMES:
-            if key.startswith(old):
-                key = new + key[len(old) :]
-                break
-        out[key] = value
-    return out
-
-
-def is_qwen3_asr_config(raw: dict[str, Any]) -> bool:
-    thinker = raw.get("thinker_config")
-    types = [raw.get("model_type"), thinker.get("model_type") if isinstance(thinker, dict) else None]
-    types = [t for t in types if isinstance(t, str)]
-    # A config without any model_type is judged by its audio/text sections alone.
-    return not types or any("qwen3_asr" in t or "qwen3_forced_aligner" in t for t in types)
-
-
-def release_layout_config(raw: dict[str, Any], head_rows: int | None) -> dict[str, Any]:
-    """Rewrite a top-level (-hf) config into the release's nested `thinker_config` layout.
-
-    head_rows: rows of the source's classifier (`score`) when it has one: the aligner's class count.
-    """
-    config = copy.deepcopy(raw)
-    audio = dict(config.pop("audio_config"))
-    text = dict(config.pop("text_config"))
-    for alias, name in AUDIO_ALIASES.items():
-        if alias in audio and name not in audio:
-            audio[name] = audio.pop(alias)
-    rope = text.get("rope_parameters") or {}
-    if "rope_theta" not in text and "rope_theta" in rope:
-        text["rope_theta"] = rope["rope_theta"]
-    if "tie_word_embeddings" not in text and "tie_word_embeddings" in config:
-        text["tie_word_embeddings"] = config["tie_word_embeddings"]
-
-    model_type = str(config.get("model_type", "qwen3_asr"))
-    architectures = config.get("architectures") or []
-    aligner = (
-        "forced_aligner" in model_type
-        or head_rows is not None
-        or any("TokenClassification" in str(a) for a in architectures)
-        or "classify_num" in config
-    )
-    thinker: dict[str, Any] = {"audio_config": audio, "text_config": text}
-    for key in THINKER_FIELDS:
-        if key in config:
-            thinker[key] = config.pop(key)
-    if aligner:
-        classes = config.pop("classify_num", None) or head_rows or config.get("num_labels")
-        if classes is None and isinstance(config.get("id2label"), dict):
-            classes = len(config["id2label"])
-        if not classes:
-            raise ConvertError("forced-aligner config without a class count (classify_num / num_labels)")
-        thinker["classify_num"] = int(classes)
-        thinker["model_type"] = "qwen3_forced_aligner"
-        config["model_type"] = "qwen3_forced_aligner"
-        config.setdefault("timestamp_segment_time", DEFAULT_TIMESTAMP_SEGMENT_MS)
-    else:
-        thinker["model_type"] = "qwen3_asr_thinker"
-        config["model_type"] = "qwen3_asr"
-    config["thinker_config"] = thinker
-    return config
-
-
 @dataclass
 class Source:
     path: Path
@@ -246,46 +164,23 @@ class Source:
 
 
 def read_source(path: Path) -> Source:
-    file = path / "config.json"
-    if not file.is_file():
-        raise ConvertError(f"{path}: no config.json; not a model checkpoint")
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise ConvertError(f"{file}: unreadable ({e})") from e
-    if not isinstance(raw, dict):
-        raise ConvertError(f"{file}: not a JSON object")
-    if not is_qwen3_asr_config(raw):
-        raise ConvertError(f"{path}: not a Qwen3-ASR checkpoint (model_type {raw.get('model_type')!r})")
-    if "thinker_config" not in raw and ("audio_config" not in raw or "text_config" not in raw):
-        raise ConvertError(f"{path}: config.json has no audio_config/text_config: not a Qwen3-ASR checkpoint")
-    weights = read_weights(path)
-    quant = raw.get("quantization") or raw.get("quantization_config")
-    if quant or any(k.endswith(".scales") for k in weights):
+    return source_of(read_checkpoint(path))
+
+
+def source_of(checkpoint: Checkpoint) -> Source:
+    """The checkpoint as a conversion source; an already quantized one is refused."""
+    path = checkpoint.path
+    quant = checkpoint.model_config.quantization
+    if quant or any(k.endswith(".scales") for k in checkpoint.weights):
         bits = quant.get("bits", "?") if isinstance(quant, dict) else "?"
         raise ConvertError(
             f"{path}: already quantized ({bits}-bit); re-quantizing would compound the rounding error, "
             "so convert from the original release (or an unquantized checkpoint) instead"
         )
-    layout = weight_layout(weights)
-    # transformers names the aligner's classifier `score`; its rows are the class count.
-    head_rows = int(weights["score.weight"].shape[0]) if "score.weight" in weights else None
-    if layout == "hf":
-        weights = hf_to_release_names(weights)
-    if "thinker_config" in raw:
-        config = copy.deepcopy(raw)
-    else:
-        config = release_layout_config(raw, head_rows)
-        if layout == "release":
-            layout = "hf"  # a top-level config over release-named weights
+    config = checkpoint.config
     for key in ("quantization", "quantization_config"):
         config.pop(key, None)
-    try:
-        model_config = ModelConfig.from_dict(config)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConvertError(f"{path / 'config.json'}: {e}") from e
-    weights = Qwen3ASR.sanitize(weights, model_config)
-    return Source(path, layout, config, model_config, weights)
+    return Source(path, checkpoint.layout, config, checkpoint.model_config, checkpoint.weights)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,6 +236,27 @@ def output_tensors(
     return dict(sorted(out.items()))
 
 
+@dataclass
+class Plan:
+    config: dict[str, Any]  # config.json to write
+    tensors: dict[str, mx.array]  # lazy: nothing is computed until written
+    quantized: dict[str, int]  # module path -> bits
+    unquantized: list[str]  # left in float: input width not a multiple of the group size
+
+
+def plan_conversion(source: Source, recipe: Recipe) -> Plan:
+    """What the conversion writes: config and tensors, as lazy arrays (shapes known, nothing computed)."""
+    net = Qwen3ASR(source.model_config)  # lazily initialised: only the module tree and shapes matter
+    check_weights(net, source.weights, source.path)
+    quantized, too_narrow = plan_layers(net, recipe)
+    config = dict(source.config)
+    block = quantization_block(recipe, quantized, too_narrow)
+    if block is not None:
+        config["quantization"] = block
+        config["quantization_config"] = copy.deepcopy(block)
+    return Plan(config, output_tensors(source.weights, quantized, recipe), quantized, too_narrow)
+
+
 # --------------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------------
@@ -387,6 +303,10 @@ def copy_side_files(src: Path, out: Path) -> list[str]:
                 continue
             shutil.copyfile(file, out / file.name)  # follows hub-cache symlinks to the blobs
             copied.append(file.name)
+    if "preprocessor_config.json" not in copied:
+        # -hf repositories ship none; MLX tools build their feature extractor from it.
+        text = json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n"
+        (out / "preprocessor_config.json").write_text(text, encoding="utf-8")
     return copied
 
 
@@ -469,19 +389,11 @@ def convert_checkpoint(
 
     try:
         source = read_source(src_path)
-        net = Qwen3ASR(source.model_config)  # lazily initialised: only the module tree and shapes matter
-        check_weights(net, source.weights, src_path)
+        plan = plan_conversion(source, recipe)
     except ModelLoadError as e:
         raise ConvertError(str(e)) from e
     kind = "forced aligner" if source.model_config.is_forced_aligner else "ASR"
     say(f"source: {src_path} ({source.layout} layout, {kind})")
-
-    quantized, too_narrow = plan_layers(net, recipe)
-    config = dict(source.config)
-    block = quantization_block(recipe, quantized, too_narrow)
-    if block is not None:
-        config["quantization"] = block
-        config["quantization_config"] = copy.deepcopy(block)
 
     created: list[Path] = []
     tmp: Path | None = None
@@ -493,8 +405,8 @@ def convert_checkpoint(
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)
         say(f"writing {recipe.describe()} into {tmp.name}")
-        files = write_weights(output_tensors(source.weights, quantized, recipe), tmp, max_shard_bytes)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        files = write_weights(plan.tensors, tmp, max_shard_bytes)
+        (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, ensure_ascii=False) + "\n")
         copy_side_files(src_path, tmp)
         verify_output(tmp)
         _install(tmp, dst, force)
@@ -520,8 +432,8 @@ def convert_checkpoint(
         source_layout=source.layout,
         forced_aligner=source.model_config.is_forced_aligner,
         recipe=recipe,
-        quantized=quantized,
-        unquantized=too_narrow,
+        quantized=plan.quantized,
+        unquantized=plan.unquantized,
         files=files,
     )
 

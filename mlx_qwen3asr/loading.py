@@ -1,9 +1,10 @@
 """Find a checkpoint, read its config and weights, and build the model strictly.
 
-Layouts read: the original release (`thinker.*` names, bf16, one file or shards with an index), the
-transformers-native `-hf` layout (same names under `thinker_config`-less config), and MLX conversions
-(prefix stripped, OHWI convolutions, optional `quantization` block). A repo id resolves through
-huggingface_hub's cache.
+Layouts read (see layouts.py): the original release (`thinker.*` names, bf16, one file or shards with
+an index), the transformers-native `-hf` repositories (top-level config, `model.language_model.*`,
+`model.audio_tower.*`, `model.multi_modal_projector.*`, `score.*`), and MLX conversions (prefix
+stripped, OHWI convolutions, optional `quantization` block), of Qwen3-ASR and Qwen3-ForcedAligner.
+A repo id resolves through huggingface_hub's cache.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .config import ModelConfig
+from .layouts import LayoutError, check_model_type, normalize
 from .model import Qwen3ASR
 from .tokenizer import Tokenizer
 
@@ -28,6 +30,20 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja"]
 
 class ModelLoadError(Exception):
     """The checkpoint could not be found, read or matched to the model."""
+
+
+class WrongModelError(ModelLoadError):
+    """The checkpoint is a model of the other kind (a forced aligner given for transcription, or the reverse)."""
+
+
+KIND_NAMES = {
+    "asr": "a Qwen3-ASR speech recognition model",
+    "aligner": "a Qwen3-ForcedAligner word-timing model",
+}
+KIND_USES = {
+    "asr": "transcription needs a Qwen3-ASR checkpoint (e.g. Qwen/Qwen3-ASR-0.6B)",
+    "aligner": "word timing needs a Qwen3-ForcedAligner checkpoint (e.g. Qwen/Qwen3-ForcedAligner-0.6B)",
+}
 
 
 @dataclass
@@ -43,6 +59,17 @@ class ASRModel:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def kind(self) -> str:
+        """ "asr" or "aligner"."""
+        return self.config.kind
+
+
+def require_kind(model: ASRModel, kind: str) -> None:
+    """Raise WrongModelError unless `model` is of `kind` ("asr" or "aligner")."""
+    if model.kind != kind:
+        raise WrongModelError(f"{model.path}: this is {KIND_NAMES[model.kind]}; {KIND_USES[kind]}")
 
 
 def default_dtype() -> mx.Dtype:
@@ -81,15 +108,17 @@ def resolve_model_path(path_or_repo: str | Path) -> Path:
         ) from e
 
 
-def read_config(path: Path) -> tuple[dict[str, Any], ModelConfig]:
+def read_config_json(path: Path) -> dict[str, Any]:
     file = path / "config.json"
     if not file.is_file():
         raise ModelLoadError(f"{path}: no config.json; not a model checkpoint")
     try:
-        raw = json.loads(file.read_text())
-        return raw, ModelConfig.from_dict(raw)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ModelLoadError(f"{file}: {e}") from e
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{file}: unreadable ({e})") from e
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file}: not a JSON object")
+    return raw
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -161,30 +190,64 @@ def check_weights(net: Qwen3ASR, weights: dict[str, mx.array], where: Path) -> N
         raise ModelLoadError(f"{where}: checkpoint does not match the model: " + "; ".join(problems))
 
 
-def build_checked(path: Path) -> tuple[Qwen3ASR, ModelConfig, dict[str, mx.array]]:
-    """The module tree a checkpoint describes (quantized like it) and its weights, checked strictly.
+@dataclass
+class Checkpoint:
+    """A checkpoint as read from disk, in any layout, mapped onto the module tree (weights still lazy)."""
+
+    path: Path
+    layout: str  # "release", "hf" or "mlx"
+    config: dict[str, Any]  # in the release's layout (an -hf config rewritten), quantization block kept
+    model_config: ModelConfig
+    weights: dict[str, mx.array]
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    raw = read_config_json(path)
+    try:
+        check_model_type(raw)  # another model's checkpoint is named as such before its weights are read
+    except LayoutError as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+    return checkpoint_from(path, raw, read_weights(path))
+
+
+def checkpoint_from(path: Path, raw: dict[str, Any], weights: dict[str, mx.array]) -> Checkpoint:
+    """Map a config.json and its (lazy) weights, in any layout, onto the module tree."""
+    try:
+        layout, config, weights = normalize(raw, weights)
+        model_config = ModelConfig.from_dict(config)
+    except (LayoutError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+    return Checkpoint(path, layout, config, model_config, Qwen3ASR.sanitize(weights, model_config))
+
+
+def build_checked(path: Path) -> tuple[Qwen3ASR, Checkpoint]:
+    """The module tree a checkpoint describes (quantized like it) and the checkpoint, checked strictly.
 
     The weights stay lazy: only their names and shapes have been read.
     """
-    _, config = read_config(path)
-    net = Qwen3ASR(config)
-    weights = Qwen3ASR.sanitize(read_weights(path), config)
-    if config.quantization:
-        quantize_like_checkpoint(net, weights, config.quantization)
-    check_weights(net, weights, path)
-    return net, config, weights
+    checkpoint = read_checkpoint(path)
+    net = Qwen3ASR(checkpoint.model_config)
+    if checkpoint.model_config.quantization:
+        quantize_like_checkpoint(net, checkpoint.weights, checkpoint.model_config.quantization)
+    check_weights(net, checkpoint.weights, path)
+    return net, checkpoint
 
 
 def load(path_or_repo: str | Path, dtype: str | mx.Dtype | None = None) -> ASRModel:
-    """Load a Qwen3-ASR checkpoint (local directory or Hugging Face repo id).
+    """Load a Qwen3-ASR or Qwen3-ForcedAligner checkpoint (local directory or Hugging Face repo id).
+
+    Any published layout loads (see layouts.py); `model.kind` says which model it is, and the
+    functions that use a model check it (`require_kind`).
 
     dtype: compute dtype of the floating-point weights; float32 on CPU and bfloat16 on a GPU by default.
     """
     path = resolve_model_path(path_or_repo)
     compute_dtype = parse_dtype(dtype)
-    net, config, weights = build_checked(path)
+    net, checkpoint = build_checked(path)
+    config = checkpoint.model_config
     weights = {
-        k: v.astype(compute_dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
+        k: v.astype(compute_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+        for k, v in checkpoint.weights.items()
     }
     net.load_weights(list(weights.items()), strict=True)
     net.set_dtype(compute_dtype, predicate=lambda d: mx.issubdtype(d, mx.floating))

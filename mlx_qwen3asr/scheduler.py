@@ -18,7 +18,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, load_audio, log_mel_spectrogram, prepare_audio
 from .generate import greedy_generate_batch, token_budget
-from .loading import ASRModel
+from .loading import ASRModel, require_kind
 from .model import encoder_batch
 from .prompt import build_prompt_ids, fix_repetitions_flag, join_texts, parse_output, resolve_language
 from .result import Segment, Transcription, main_language
@@ -258,6 +258,7 @@ def transcribe_stream(
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
     go on. Results come in the order inputs finish, which is not the input order.
     """
+    require_kind(model, "asr")
     forced = resolve_language(language)
     fixed = max(1, int(batch_size)) if batch_size else None
     size = fixed or MAX_BATCH

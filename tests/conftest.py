@@ -48,16 +48,21 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, tokenizer_dir):
-    """Random-weight checkpoints in the release layout, built once per preset and shared by the run."""
+    """Random-weight checkpoints exactly as published (tools/make_checkpoint.py), built once per preset
+    and layout and shared by the run. Never modify one in place: copy it first."""
     from tools.make_checkpoint import write_checkpoint
 
-    made: dict[str, Path] = {}
+    made: dict[tuple[str, str], Path] = {}
 
-    def get(preset: str) -> Path:
-        if preset not in made:
-            made[preset] = write_checkpoint(
-                tmp_path_factory.mktemp(f"ckpt-{preset}"), preset, seed=0, tokenizer_dir=tokenizer_dir
+    def get(preset: str, layout: str = "release") -> Path:
+        if (preset, layout) not in made:
+            made[preset, layout] = write_checkpoint(
+                tmp_path_factory.mktemp(f"ckpt-{preset}-{layout}"),
+                preset,
+                seed=0,
+                layout=layout,
+                tokenizer_dir=tokenizer_dir,
             )
-        return made[preset]
+        return made[preset, layout]
 
     return get

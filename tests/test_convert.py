@@ -27,13 +27,15 @@ MLX_COMMUNITY_BLOCK = {"group_size": 64, "bits": 4, "mode": "affine"}
 # name -> (CLI flags, decoder bits, encoder bits or None for float)
 RECIPES = {
     "bf16": ([], None, None),
-    "8bit": (["--bits", "8"], 8, 8),
-    "4bit": (["--bits", "4", "--encoder-bits", "4"], 4, 4),
-    "mixed": (["--bits", "4"], 4, 8),  # the default under --bits 4: 8-bit encoder
-    "4bit-float-encoder": (["--bits", "4", "--encoder-bits", "16"], 4, None),
+    "8bit": (["--bits", "8"], 8, None),  # the defaults: the encoder stays float, as mlx-community's
+    "4bit": (["--bits", "4"], 4, None),
+    "8bit-encoder": (["--bits", "8", "--encoder-bits", "8"], 8, 8),
+    "4bit-encoder": (["--bits", "4", "--encoder-bits", "4"], 4, 4),
+    "mixed": (["--bits", "4", "--encoder-bits", "8"], 4, 8),
 }
 # Logits cosine against the float32 model that each recipe must reach on the tiny preset.
-MIN_COSINE = {"bf16": 0.99999, "8bit": 0.995, "4bit": 0.9, "mixed": 0.95, "4bit-float-encoder": 0.95}
+MIN_COSINE = {"bf16": 0.99999, "8bit": 0.995, "4bit": 0.95, "8bit-encoder": 0.995, "4bit-encoder": 0.9}
+MIN_COSINE["mixed"] = 0.95
 
 
 def load(path) -> mlx_qwen3asr.ASRModel:
@@ -129,50 +131,6 @@ def converted(original, tmp_path_factory):
     return get
 
 
-def hf_layout(src: Path, dst: Path, aligner: bool = False) -> Path:
-    """The transformers-native layout, as transformers' own conversion script writes it."""
-    copy_checkpoint(src, dst)
-    (dst / "model.safetensors").unlink()
-    config = json.loads((src / "config.json").read_text())
-    thinker = config.pop("thinker_config")
-    audio = dict(thinker["audio_config"])
-    audio["num_attention_heads"] = audio.pop("encoder_attention_heads")  # transformers' alias
-    text = {**thinker["text_config"], "model_type": "qwen3"}
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta")}
-    hf = {
-        **{k: v for k, v in config.items() if k != "support_languages"},
-        "model_type": "qwen3_asr",
-        "architectures": [
-            "Qwen3ASRForTokenClassification" if aligner else "Qwen3ASRForConditionalGeneration"
-        ],
-        "audio_config": {**audio, "model_type": "qwen3_asr_encoder"},
-        "text_config": text,
-        "audio_token_id": thinker["audio_token_id"],
-    }
-    if aligner:
-        hf["num_labels"] = thinker["classify_num"]
-        hf["tie_word_embeddings"] = False
-    (dst / "config.json").write_text(json.dumps(hf, indent=2))
-    renames = [
-        ("thinker.model.", "model.language_model."),
-        ("thinker.lm_head.", "score." if aligner else "lm_head."),
-        ("thinker.audio_tower.proj1.", "model.multi_modal_projector.linear_1."),
-        ("thinker.audio_tower.proj2.", "model.multi_modal_projector.linear_2."),
-        ("thinker.", "model."),
-    ]
-    weights = {}
-    for key, value in mx.load(str(src / "model.safetensors")).items():
-        for old, new in renames:
-            if key.startswith(old):
-                key = new + key[len(old) :]
-                break
-        weights[key] = value
-    if not aligner:
-        del weights["lm_head.weight"]  # transformers does not save a tied head
-    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
-    return dst
-
-
 def mlx_layout(src: Path, dst: Path) -> Path:
     """An mlx-audio style conversion written by hand: prefix stripped, OHWI convs, no tied head."""
     copy_checkpoint(src, dst)
@@ -203,26 +161,6 @@ def mlx_community_4bit(src: Path, dst: Path) -> Path:
     config = json.loads((dst / "config.json").read_text())
     config["quantization"] = dict(MLX_COMMUNITY_BLOCK)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
-
-
-def aligner_layout(src: Path, dst: Path, classes: int = 5000) -> Path:
-    """The forced aligner: the tiny checkpoint with an untied timestamp classifier of `classes` rows."""
-    copy_checkpoint(src, dst)
-    config = json.loads((src / "config.json").read_text())
-    thinker = config["thinker_config"]
-    thinker["model_type"] = "qwen3_forced_aligner"
-    thinker["classify_num"] = classes
-    thinker["text_config"]["tie_word_embeddings"] = False
-    config["tie_word_embeddings"] = False
-    config["timestamp_token_id"] = 151705
-    config["timestamp_segment_time"] = 80
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    weights = dict(mx.load(str(src / "model.safetensors")))
-    hidden = thinker["text_config"]["hidden_size"]
-    head = mx.random.normal((classes, hidden), key=mx.random.key(3)) * 0.3
-    weights["thinker.lm_head.weight"] = head.astype(mx.bfloat16)
-    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
     return dst
 
 
@@ -319,9 +257,9 @@ def test_round_trip(name, converted, original, reference, measurements):
     assert result.segments and result.duration == pytest.approx(2.5)
 
 
-def test_float_encoder_matches_mlx_community(converted, original, tmp_path):
-    """With --encoder-bits 16 the keys, shapes, dtypes and config block are those mlx-community publishes."""
-    path = converted("4bit-float-encoder")
+def test_default_4bit_matches_mlx_community(converted, original, tmp_path):
+    """By default the keys, shapes, dtypes and config block are those mlx-community publishes."""
+    path = converted("4bit")
     community = mlx_community_4bit(original, tmp_path / "community")
     ours, theirs = stored(path), stored(community)
     assert sorted(ours) == sorted(theirs)
@@ -351,7 +289,7 @@ def test_float32_and_float16_dtypes(original, tmp_path, reference):
 def test_group_size_that_does_not_divide(original, tmp_path, capsys):
     # The tiny preset's 64-wide layers cannot use 128-wide groups: they stay float and are listed.
     dst = tmp_path / "g128"
-    rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "4", "--group-size", "128")
+    rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "4", "--encoder-bits", "8", "--group-size", "128")
     assert rc == 0
     assert "left unquantized (input width not a multiple of 128)" in out
     config = json.loads((dst / "config.json").read_text())
@@ -380,7 +318,7 @@ def test_sharded_output(original, tmp_path, converted):
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == files
     assert index["metadata"]["total_size"] == sum(v.nbytes for v in stored(dst).values())
-    single = converted("mixed")
+    single = converted("4bit")
     assert_same_tensors(stored(dst), stored(single))
     assert_same_params(load(dst).net, load(single).net)
 
@@ -396,7 +334,7 @@ def test_mlx_community_source(original, tmp_path, converted):
     result = convert_checkpoint(source, dst, bits=4)
     assert result.source_layout == "mlx"
     # Same weights in another layout: byte-identical tensors to converting the release.
-    assert_same_tensors(stored(dst), stored(converted("mixed")))
+    assert_same_tensors(stored(dst), stored(converted("4bit")))
 
 
 def test_quantized_source_is_refused(original, tmp_path, capsys):
@@ -408,64 +346,65 @@ def test_quantized_source_is_refused(original, tmp_path, capsys):
     assert not dst.exists() and leftovers(tmp_path) == []
 
 
-def test_transformers_native_source(original, tmp_path, converted):
-    source = hf_layout(original, tmp_path / "hf-src")
-    dst = tmp_path / "from-hf"
-    result = convert_checkpoint(source, dst, bits=4)
-    assert result.source_layout == "hf" and not result.forced_aligner
-    assert_same_tensors(stored(dst), stored(converted("mixed")))
-    # The config is rewritten into the release layout, which MLX tools read.
-    config = json.loads((dst / "config.json").read_text())
-    assert config["model_type"] == "qwen3_asr" and "audio_config" not in config
-    thinker = config["thinker_config"]
-    assert thinker["audio_config"]["encoder_attention_heads"] == 4
+@pytest.mark.parametrize("preset", ["tiny", "aligner-tiny"])
+def test_transformers_native_source(preset, checkpoints, tmp_path):
+    """An -hf repository converts to exactly what its release converts to, config in the release layout."""
+    release, hf = checkpoints(preset), checkpoints(preset, "hf")
+    ours, theirs = tmp_path / "from-hf", tmp_path / "from-release"
+    result = convert_checkpoint(hf, ours, bits=4)
+    convert_checkpoint(release, theirs, bits=4)
+    assert result.source_layout == "hf" and result.forced_aligner == (preset == "aligner-tiny")
+    assert_same_tensors(stored(ours), stored(theirs))
+
+    config = json.loads((ours / "config.json").read_text())
+    release_config = json.loads((release / "config.json").read_text())
+    assert "audio_config" not in config and config["model_type"] == "qwen3_asr"
+    assert config["architectures"] == release_config["architectures"]
+    assert config["support_languages"] == release_config["support_languages"]
+    thinker, release_thinker = config["thinker_config"], release_config["thinker_config"]
+    assert thinker["model_type"] == release_thinker["model_type"]
     assert thinker["text_config"]["rope_theta"] == 1000000
-    asr = load(dst)
-    ref = load(converted("mixed"))
-    assert asr.config.audio_config == ref.config.audio_config
-    assert asr.config.text_config == ref.config.text_config
-    assert_same_params(asr.net, ref.net)
+    assert thinker["text_config"]["rope_scaling"]["mrope_section"] == [24, 20, 20]
+    for key in ("classify_num", "audio_token_id"):
+        assert thinker.get(key) == release_thinker.get(key)
+    for key in ("timestamp_token_id", "timestamp_segment_time"):
+        assert config.get(key) == release_config.get(key)
+    assert "id2label" not in config  # the -hf classifier's 5000 labels do not travel
+    # -hf repositories ship no preprocessor config; the conversion carries the release's.
+    preprocessor = json.loads((ours / "preprocessor_config.json").read_text())
+    assert preprocessor == json.loads((release / "preprocessor_config.json").read_text())
 
-
-def test_top_level_config_over_release_names(original, tmp_path, reference):
-    # The loader's own `-hf` test layout: top-level config, weights still named thinker.*.
-    source = copy_checkpoint(original, tmp_path / "flat")
-    config = json.loads((original / "config.json").read_text())
-    flat = {**config.pop("thinker_config"), **config, "model_type": "qwen3_asr"}
-    (source / "config.json").write_text(json.dumps(flat))
-    dst = tmp_path / "flat-bf16"
-    convert_checkpoint(source, dst)
-    assert "thinker_config" in json.loads((dst / "config.json").read_text())
-    assert_same_params(load(dst).net, reference[0].net)
+    a, b = load(ours), load(theirs)
+    assert a.config.audio_config == b.config.audio_config and a.config.text_config == b.config.text_config
+    assert a.kind == b.kind
+    assert_same_params(a.net, b.net)
 
 
 @pytest.mark.parametrize("layout", ["release", "hf"])
-def test_forced_aligner_converts(original, tmp_path, layout, measurements):
-    source = aligner_layout(original, tmp_path / "aligner")
-    if layout == "hf":
-        source = hf_layout(source, tmp_path / "aligner-hf", aligner=True)
-        assert "score.weight" in mx.load(str(source / "model.safetensors"))
-    float_ref = load(source) if layout == "release" else load(aligner_layout(original, tmp_path / "ref"))
-    assert float_ref.config.is_forced_aligner
+def test_forced_aligner_converts(checkpoints, tmp_path, layout, measurements):
+    source = checkpoints("aligner-tiny", layout)
+    float_ref = load(checkpoints("aligner-tiny"))
+    assert float_ref.kind == "aligner"
 
-    dst = tmp_path / "aligner-4bit"
-    result = convert_checkpoint(source, dst, bits=4)
-    assert result.forced_aligner and result.quantized["lm_head"] == 4
+    dst = tmp_path / "aligner-8bit"  # as mlx-community publishes the aligner
+    result = convert_checkpoint(source, dst, bits=8)
+    assert result.forced_aligner and result.quantized["lm_head"] == 8
     config = json.loads((dst / "config.json").read_text())
     assert config["thinker_config"]["classify_num"] == 5000
-    assert "forced_aligner" in config["thinker_config"]["model_type"]
-    assert stored(dst)["lm_head.weight"].shape == (5000, 64 * 4 // 32)
+    assert config["thinker_config"]["model_type"] == "qwen3_forced_aligner"
+    assert config["model_type"] == "qwen3_asr"  # as the release: only the thinker says aligner
+    assert stored(dst)["lm_head.weight"].shape == (5000, 64 * 8 // 32)
 
     asr = load(dst)
-    assert asr.config.is_forced_aligner and asr.config.classify_num == 5000
+    assert asr.kind == "aligner" and asr.config.classify_num == 5000
     head = asr.net.lm_head
-    assert isinstance(head, nn.QuantizedLinear) and (head.bits, head.group_size) == (4, 64)
-    assert isinstance(asr.net.audio_tower.layers[0].fc1, nn.QuantizedLinear)
+    assert isinstance(head, nn.QuantizedLinear) and (head.bits, head.group_size) == (8, 64)
+    assert type(asr.net.audio_tower.layers[0].fc1) is nn.Linear  # as mlx-audio's aligner conversions
     logits = prompt_logits(asr)
     assert logits.shape[-1] == 5000
     cos = cosine(logits, prompt_logits(float_ref))
-    measurements.append(f"convert forced aligner ({layout} layout) mixed 4/8-bit: logits cosine {cos:.5f}")
-    assert cos > 0.95
+    measurements.append(f"convert forced aligner ({layout} layout) 8-bit: logits cosine {cos:.5f}")
+    assert cos > 0.99
 
     plain = tmp_path / "aligner-bf16"
     convert_checkpoint(source, plain)
@@ -599,7 +538,8 @@ def test_cli_subprocess(original, tmp_path):
     run = [sys.executable, "-m", "mlx_qwen3asr.cli.convert", str(original), "-o", str(dst), "--bits", "8"]
     proc = subprocess.run(run, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert f"-> {dst}" in proc.stdout and "30 at 8 bits" in proc.stdout
+    assert f"-> {dst}" in proc.stdout and "15 at 8 bits" in proc.stdout
+    assert "read by: mlx_qwen3asr, mlx-audio and mlx-qwen3-asr" in proc.stdout
     assert isinstance(load(dst).net.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
 
     again = subprocess.run(run, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)

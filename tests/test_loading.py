@@ -164,10 +164,10 @@ def test_release_layout_single_file(original, reference):
     assert asr.tokenizer is not None and asr.path == original
 
 
-def test_sharded_layout_matches_single_file(tmp_path, tokenizer_dir, reference):
+def test_sharded_layout_matches_single_file(tmp_path, reference):
     from tools.make_checkpoint import write_checkpoint
 
-    path = write_checkpoint(tmp_path / "sharded", "tiny", seed=0, tokenizer_dir=tokenizer_dir, shard_mb=5)
+    path = write_checkpoint(tmp_path / "sharded", "tiny", seed=0, shard_mb=5)
     shards = sorted(path.glob("*.safetensors"))
     assert len(shards) > 2
     assert not (path / "model.safetensors").exists()
@@ -182,12 +182,10 @@ def test_sharded_layout_matches_single_file(tmp_path, tokenizer_dir, reference):
     np.testing.assert_array_equal(logits, ref_logits)
 
 
-def test_untied_head(tmp_path, tokenizer_dir, reference):
+def test_untied_head(tmp_path, reference):
     from tools.make_checkpoint import write_checkpoint
 
-    path = write_checkpoint(
-        tmp_path / "untied", "tiny", seed=0, tokenizer_dir=tokenizer_dir, tie_word_embeddings=False
-    )
+    path = write_checkpoint(tmp_path / "untied", "tiny", seed=0, tie_word_embeddings=False)
     asr = load(path)
     assert not asr.config.text_config.tie_word_embeddings
     assert "lm_head" in asr.net
@@ -201,15 +199,18 @@ def test_untied_head(tmp_path, tokenizer_dir, reference):
     assert not np.allclose(logits, ref_logits)
 
 
-def test_transformers_native_layout(tmp_path, original, reference):
-    path = copy_checkpoint(original, tmp_path / "hf")
-    config = json.loads((original / "config.json").read_text())
-    hf_config = {**config.pop("thinker_config"), **config, "model_type": "qwen3_asr"}
-    assert "thinker_config" not in hf_config and "audio_config" in hf_config
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2))
+def test_transformers_native_layout(checkpoints, reference):
+    """The -hf repositories load as published: their config, weight names and tokenizer.json."""
+    path = checkpoints("tiny", "hf")
+    stored = mx.load(str(path / "model.safetensors"))
+    assert "model.language_model.embed_tokens.weight" in stored and "lm_head.weight" not in stored
+    assert "model.multi_modal_projector.linear_1.weight" in stored
+    assert not (path / "vocab.json").exists() and (path / "tokenizer.json").is_file()
+    assert "thinker_config" not in json.loads((path / "config.json").read_text())
 
     asr = load(path)
     ref_asr, (ref_features, ref_logits) = reference
+    assert asr.kind == "asr"
     assert asr.config.text_config == ref_asr.config.text_config
     assert asr.config.audio_config == ref_asr.config.audio_config
     assert asr.config.audio_token_id == ref_asr.config.audio_token_id
@@ -217,6 +218,23 @@ def test_transformers_native_layout(tmp_path, original, reference):
     features, logits = outputs(asr)
     np.testing.assert_array_equal(features, ref_features)
     np.testing.assert_array_equal(logits, ref_logits)
+    assert asr.tokenizer.vocab_size == ref_asr.tokenizer.vocab_size
+
+
+@pytest.mark.parametrize("layout", ["release", "hf"])
+def test_forced_aligner_loads_in_both_layouts(checkpoints, layout):
+    path = checkpoints("aligner-tiny", layout)
+    asr = load(path)
+    assert asr.kind == "aligner" and asr.config.is_forced_aligner
+    assert asr.config.classify_num == 5000 and asr.config.text_config.vocab_size == 152064
+    assert asr.config.timestamp_token_id == 151705 and asr.config.timestamp_segment_time == 80
+    assert asr.tokenizer.token_to_id("<timestamp>") == 151705
+    assert asr.net.lm_head.weight.shape == (5000, 64)
+    if layout == "hf":
+        release = load(checkpoints("aligner-tiny"))
+        assert_same_params(asr.net, release.net)
+        np.testing.assert_array_equal(outputs(asr)[1], outputs(release)[1])
+    assert outputs(asr)[1].shape[-1] == 5000
 
 
 def test_mlx_converted_layout(tmp_path, original, reference):
@@ -345,10 +363,10 @@ def test_no_weights(broken):
         load(broken)
 
 
-def test_index_names_missing_shard(tmp_path, tokenizer_dir):
+def test_index_names_missing_shard(tmp_path):
     from tools.make_checkpoint import write_checkpoint
 
-    path = write_checkpoint(tmp_path / "sharded", "tiny", seed=0, tokenizer_dir=tokenizer_dir, shard_mb=5)
+    path = write_checkpoint(tmp_path / "sharded", "tiny", seed=0, shard_mb=5)
     shard = sorted(path.glob("*.safetensors"))[1]
     shard.unlink()
     with pytest.raises(ModelLoadError, match=rf"missing: {shard.name}"):

@@ -3,13 +3,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-import shutil
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+from language_samples import LANGUAGE_SAMPLES
 from official import official_module
 
 from mlx_qwen3asr.prompt import (
@@ -23,50 +23,39 @@ from mlx_qwen3asr.prompt import (
     parse_output,
     resolve_language,
 )
-from mlx_qwen3asr.tokenizer import Tokenizer
+from mlx_qwen3asr.tokenizer import (
+    MISTRAL_FIX_SPLIT_PATTERN,
+    QWEN2_SPLIT_PATTERN,
+    Tokenizer,
+    official_loader_patches_regex,
+)
 
 SR = 16000
 
-PREPROCESSOR_CONFIG = {
-    "feature_extractor_type": "WhisperFeatureExtractor",
-    "feature_size": 128,
-    "sampling_rate": SR,
-    "hop_length": 160,
-    "n_fft": 400,
-    "chunk_length": 30,
-    "n_samples": 480000,
-    "nb_max_frames": 3000,
-    "padding_side": "right",
-    "padding_value": 0.0,
-    "return_attention_mask": True,
-    "dither": 0.0,
-}
 
-
-def make_processor_dir(tokenizer_dir: Path, directory: Path, config: dict | None = None) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.json"):
-        shutil.copy(tokenizer_dir / name, directory / name)
-    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG))
-    if config is not None:
-        (directory / "config.json").write_text(json.dumps(config))
-    return directory
+@pytest.fixture(scope="module")
+def published(checkpoints) -> Path:
+    """A checkpoint with the release's own config (transformers 4.57.6), tokenizer and template files."""
+    return checkpoints("tiny")
 
 
 @pytest.fixture(scope="module")
-def processor_dir(tokenizer_dir, tmp_path_factory) -> Path:
-    return make_processor_dir(tokenizer_dir, tmp_path_factory.mktemp("processor"))
-
-
-@pytest.fixture(scope="module")
-def processor(processor_dir):
+def processor(published):
+    """The official processor as the official loader builds it, less fix_mistral_regex (see below)."""
     backend = official_module("core.transformers_backend")
-    return backend.Qwen3ASRProcessor.from_pretrained(str(processor_dir))
+    return backend.Qwen3ASRProcessor.from_pretrained(str(published), fix_mistral_regex=False)
 
 
 @pytest.fixture(scope="module")
-def tok(tokenizer_dir) -> Tokenizer:
-    return Tokenizer.from_dir(tokenizer_dir)
+def loader_processor(published):
+    """Exactly as qwen_asr's Qwen3ASRModel.from_pretrained loads a local checkpoint folder."""
+    backend = official_module("core.transformers_backend")
+    return backend.Qwen3ASRProcessor.from_pretrained(str(published), fix_mistral_regex=True)
+
+
+@pytest.fixture(scope="module")
+def tok(published) -> Tokenizer:
+    return Tokenizer.from_dir(published)
 
 
 @pytest.fixture(scope="module")
@@ -138,19 +127,47 @@ def test_audio_pad_counts_differ_by_length(processor, tok):
     assert counts == sorted(counts) and len(set(counts)) == 4
 
 
-def test_prompt_ids_with_official_loader_regex(tokenizer_dir, tmp_path):
-    """qwen-asr loads the processor with fix_mistral_regex=True; with a config.json like a saved
-    checkpoint's this changes the split of the context, and Tokenizer(fix_mistral_regex=True) follows."""
-    directory = make_processor_dir(
-        tokenizer_dir, tmp_path / "ckpt", {"model_type": "qwen3_asr", "transformers_version": "4.57.6"}
-    )
-    backend = official_module("core.transformers_backend")
-    processor = backend.Qwen3ASRProcessor.from_pretrained(str(directory), fix_mistral_regex=True)
-    context = "Glossary: iPhone, JavaScript, macOS"
-    expected = official_ids(processor, context, "English", 3.0)
+# Languages whose sample context the official loader's Mistral split cuts differently from the Qwen
+# pre-tokenizer the model ships with (English: "McDonald" -> "Mc"+"Donald"; Turkish: "'da" -> "'"+"da"
+# instead of "'d"+"a"; Thai: whole words, where the Qwen split breaks at every combining vowel mark).
+MISTRAL_SPLIT_DIFFERS = {"English", "Thai", "Turkish"}
+
+
+def test_official_loader_patches_a_published_checkpoint(published, processor, loader_processor):
+    """A local folder whose config says transformers 4.57.6 (as the release's does) gets the Mistral split
+    under the official loader's fix_mistral_regex=True; the model's own tokenizer has the Qwen split."""
+    assert official_loader_patches_regex(published)
+    patterns = []
+    for p in (processor, loader_processor):
+        state = json.loads(p.tokenizer.backend_tokenizer.pre_tokenizer.__getstate__())
+        patterns.append(state["pretokenizers"][0]["pattern"]["Regex"])
+    assert patterns == [QWEN2_SPLIT_PATTERN, MISTRAL_FIX_SPLIT_PATTERN]
+
+
+@pytest.mark.parametrize("language", SUPPORTED_LANGUAGES)
+def test_prompt_ids_on_published_metadata(processor, loader_processor, tok, checkpoints, language):
+    """Prompt ids against the official processor on the release's own files, for each language's script."""
+    sample = LANGUAGE_SAMPLES[language]
+    # No context: identical to the official loader's, whatever split it uses.
+    expected = official_ids(loader_processor, "", language, 3.0)
+    n = expected.count(tok.token_to_id("<|audio_pad|>"))
+    assert build_prompt_ids(tok, n, "", language) == expected
+    # A context: identical to the model's own tokenizer (Qwen split), and to the official loader's
+    # wherever its Mistral split agrees.
+    ours = build_prompt_ids(tok, n, sample, None)
+    assert ours == official_ids(processor, sample, None, 3.0)
+    assert (ours != official_ids(loader_processor, sample, None, 3.0)) == (language in MISTRAL_SPLIT_DIFFERS)
+    # The -hf repositories' tokenizer.json gives the same prompt.
+    hf_tok = Tokenizer.from_dir(checkpoints("tiny", "hf"))
+    assert build_prompt_ids(hf_tok, n, sample, None) == ours
+
+
+def test_fix_mistral_regex_reproduces_the_official_loader(published, loader_processor):
+    context = "Glossary: iPhone, JavaScript, McDonald's, İstanbul'da, " + LANGUAGE_SAMPLES["Thai"]
+    expected = official_ids(loader_processor, context, "English", 3.0)
     n = expected.count(151676)
-    patched = Tokenizer.from_dir(directory, fix_mistral_regex=True)
-    plain = Tokenizer.from_dir(directory)
+    patched = Tokenizer.from_dir(published, fix_mistral_regex=True)
+    plain = Tokenizer.from_dir(published)
     assert build_prompt_ids(patched, n, context, "English") == expected
     assert build_prompt_ids(plain, n, context, "English") != expected
 

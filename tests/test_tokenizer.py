@@ -7,6 +7,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from language_samples import LANGUAGE_SAMPLES
 
 from mlx_qwen3asr.prompt import SUPPORTED_LANGUAGES
 from mlx_qwen3asr.tokenizer import (
@@ -144,7 +145,13 @@ def random_cases(count: int, seed: int = 1234) -> list[str]:
 
 
 def build_cases() -> list[str]:
-    fixed = PIECES + [unicodedata.normalize("NFD", p) for p in PIECES[30:36]] + language_cases() + [""]
+    fixed = (
+        PIECES
+        + list(LANGUAGE_SAMPLES.values())
+        + [unicodedata.normalize("NFD", p) for p in PIECES[30:36]]
+        + language_cases()
+        + [""]
+    )
     cases = list(dict.fromkeys(fixed + random_cases(160)))
     return cases
 
@@ -152,16 +159,23 @@ def build_cases() -> list[str]:
 CASES = build_cases()
 
 
-@pytest.fixture(scope="session")
-def tok(tokenizer_dir: Path) -> Tokenizer:
-    return Tokenizer.from_dir(tokenizer_dir)
+@pytest.fixture(scope="module")
+def published(checkpoints) -> Path:
+    """A checkpoint with the release's own tokenizer files (tokenizer_config.json as published)."""
+    return checkpoints("tiny")
 
 
-@pytest.fixture(scope="session")
-def hf(tokenizer_dir: Path):
+@pytest.fixture(scope="module")
+def tok(published: Path) -> Tokenizer:
+    return Tokenizer.from_dir(published)
+
+
+@pytest.fixture(scope="module")
+def hf(published: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    # As the official loader would, but without fix_mistral_regex (see test_official_regex_patch_decision).
+    return AutoTokenizer.from_pretrained(str(published))
 
 
 def test_case_count():
@@ -298,8 +312,8 @@ def copy_tokenizer(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_tokenizer_json_is_preferred(tokenizer_dir, tmp_path, hf, tok):
-    directory = copy_tokenizer(tokenizer_dir, tmp_path / "tj")
+def test_tokenizer_json_is_preferred(published, tmp_path, hf, tok):
+    directory = copy_tokenizer(published, tmp_path / "tj")
     hf.backend_tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "vocab.json").write_text("{}")  # would break the slow path if it were used
     from_json = Tokenizer.from_dir(directory)
@@ -308,11 +322,11 @@ def test_tokenizer_json_is_preferred(tokenizer_dir, tmp_path, hf, tok):
         assert from_json.encode(text) == tok.encode(text)
 
 
-def test_config_variants_match_transformers(tokenizer_dir, tmp_path):
+def test_config_variants_match_transformers(published, tmp_path):
     """Special tokens outside added_tokens_decoder, and split_special_tokens, as transformers does."""
     from transformers import AutoTokenizer
 
-    directory = copy_tokenizer(tokenizer_dir, tmp_path / "variant")
+    directory = copy_tokenizer(published, tmp_path / "variant")
     config = json.loads((directory / "tokenizer_config.json").read_text())
     config["eos_token"] = "<|my_eos|>"
     config["additional_special_tokens"] = config["additional_special_tokens"] + ["<|extra_one|>"]
@@ -329,8 +343,8 @@ def test_config_variants_match_transformers(tokenizer_dir, tmp_path):
     assert len(ours.encode(text)) > 3  # split_special_tokens: markers are spelled out
 
 
-def test_declared_id_mismatch_is_an_error(tokenizer_dir, tmp_path):
-    directory = copy_tokenizer(tokenizer_dir, tmp_path / "bad")
+def test_declared_id_mismatch_is_an_error(published, tmp_path):
+    directory = copy_tokenizer(published, tmp_path / "bad")
     config = json.loads((directory / "tokenizer_config.json").read_text())
     decoder = config["added_tokens_decoder"]
     decoder["151800"] = decoder.pop("151704")
@@ -369,12 +383,12 @@ def pre_tokenizer_state(backend) -> dict:
         {"transformers_version": "4.50.0"},
     ],
 )
-def test_official_regex_patch_decision(tokenizer_dir, tmp_path, tokenizer_json, config):
+def test_official_regex_patch_decision(published, tmp_path, tokenizer_json, config):
     """Loading with fix_mistral_regex=True (as qwen-asr does) changes the split regex exactly when
     official_loader_patches_regex says so, and then our tokenizer matches the patched one."""
     from transformers import AutoTokenizer
 
-    directory = copy_tokenizer(tokenizer_dir, tmp_path / "model")
+    directory = copy_tokenizer(published, tmp_path / "model")
     shutil.copy(tokenizer_json, directory / "tokenizer.json")  # fast load
     if config is not None:
         (directory / "config.json").write_text(json.dumps(config))
@@ -390,3 +404,23 @@ def test_official_regex_patch_decision(tokenizer_dir, tmp_path, tokenizer_json, 
     assert ours.encode(text) == ref.encode(text)
     plain = Tokenizer.from_dir(directory)
     assert (plain.encode(text) != ours.encode(text)) == patched
+
+
+@pytest.mark.parametrize("preset", ["tiny", "aligner-tiny"])
+def test_hf_layout_tokenizer_is_the_releases(checkpoints, preset):
+    """The -hf repositories ship only a transformers-v5 tokenizer.json: the same ids as the release's."""
+    release = Tokenizer.from_dir(checkpoints(preset))
+    hf_layout = Tokenizer.from_dir(checkpoints(preset, "hf"))
+    assert hf_layout.vocab_size == release.vocab_size
+    assert hf_layout.special_ids == release.special_ids
+    assert hf_layout.added_tokens == release.added_tokens
+    for text in CASES:
+        ids = release.encode(text)
+        assert hf_layout.encode(text) == ids, repr(text)
+        assert hf_layout.decode(ids, skip_special_tokens=False) == release.decode(
+            ids, skip_special_tokens=False
+        )
+    if preset == "aligner-tiny":
+        assert release.token_to_id("<timestamp>") == hf_layout.token_to_id("<timestamp>") == 151705
+        assert 151705 not in release.special_ids  # as its tokenizer_config declares it
+        assert release.encode("word<timestamp><timestamp>")[-2:] == [151705, 151705]

@@ -1,12 +1,28 @@
-"""Write a Qwen3-ASR checkpoint in the original release layout with seeded random weights.
+"""Write a Qwen3-ASR or Qwen3-ForcedAligner checkpoint exactly as published, with seeded random weights.
 
     python tools/make_checkpoint.py --preset 0.6b -o checkpoints/random-0.6b
+    python tools/make_checkpoint.py --preset aligner --layout hf -o checkpoints/random-aligner-hf
 
-The layout is the release's: config.json with a nested `thinker_config`, bfloat16 safetensors named
-`thinker.*` (one file, or shards with model.safetensors.index.json), preprocessor_config.json and the
-tokenizer files. Real weights never reach machines without a model hub; these stand in for them in
-tests and benchmarks, so the scales are chosen to make a model whose greedy output changes from step
-to step (plain random init emits one token forever, which makes a greedy-id comparison toothless).
+Everything but the weights comes from the published metadata (`shared/real-checkpoints/` beside the
+repository, `--metadata-dir`): config.json, generation_config.json, preprocessor_config.json,
+tokenizer_config.json, chat_template.json and configuration.json are copied as they are, and the
+`tiny` presets change only the size fields of config.json. The vocabulary and merges come from
+`shared/tokenizer/` (identical in every published folder).
+
+Presets: `tiny` and `0.6b` (Qwen/Qwen3-ASR-0.6B), `1.7b` (Qwen/Qwen3-ASR-1.7B, two shards and an index
+as released), `aligner` and `aligner-tiny` (Qwen/Qwen3-ForcedAligner-0.6B: 24-layer 1024-wide encoder,
+5000-class timestamp head, vocabulary 152064).
+
+Layouts:
+  release  `thinker.*` weight names, the tied head stored as a copy of the embedding, bfloat16;
+  hf       the transformers-native `-hf` repositories: their config.json, weights named
+           `model.audio_tower.*`, `model.multi_modal_projector.linear_{1,2}.*`,
+           `model.language_model.*` (no head for the tied ASR models, `score.weight` for the aligner),
+           and a transformers-v5 tokenizer (tokenizer.json and tokenizer_config.json only).
+
+The weights are the same numbers in both layouts for the same preset and seed. Real weights never reach
+machines without a model hub; these stand in for them, scaled so that the model's output varies (plain
+random init emits one token forever, and puts every aligner timestamp in one class).
 """
 
 from __future__ import annotations
@@ -15,260 +31,429 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-SUPPORTED_LANGUAGES = [
-    "Chinese", "English", "Cantonese", "Arabic", "German", "French", "Spanish", "Portuguese",
-    "Indonesian", "Italian", "Korean", "Russian", "Thai", "Vietnamese", "Japanese", "Turkish", "Hindi",
-    "Malay", "Dutch", "Swedish", "Danish", "Finnish", "Polish", "Czech", "Filipino", "Persian", "Greek",
-    "Romanian", "Hungarian", "Macedonian",
-]  # fmt: skip
-
-PRESETS: dict[str, dict] = {
-    "tiny": {
-        "audio": dict(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
-                      output_dim=64, downsample_hidden_size=32),
-        "text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=16),
-    },
-    "0.6b": {
-        "audio": dict(d_model=896, encoder_layers=18, encoder_attention_heads=14, encoder_ffn_dim=3584,
-                      output_dim=1024, downsample_hidden_size=480),
-        "text": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                     num_key_value_heads=8, head_dim=128),
-    },
-    "1.7b": {
-        "audio": dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16, encoder_ffn_dim=4096,
-                      output_dim=2048, downsample_hidden_size=480),
-        "text": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                     num_key_value_heads=8, head_dim=128),
-    },
-}  # fmt: skip
-
-VOCAB_SIZE = 151936
-PREPROCESSOR_CONFIG = {
-    "chunk_length": 30,
-    "dither": 0.0,
-    "feature_extractor_type": "WhisperFeatureExtractor",
-    "feature_size": 128,
-    "hop_length": 160,
-    "n_fft": 400,
-    "n_samples": 480000,
-    "nb_max_frames": 3000,
-    "padding_side": "right",
-    "padding_value": 0.0,
-    "processor_class": "Qwen3ASRProcessor",
-    "return_attention_mask": True,
-    "sampling_rate": 16000,
-}
-TOKENIZER_FILES = (
-    "vocab.json",
-    "merges.txt",
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+DEFAULT_METADATA_DIR = SHARED / "real-checkpoints"
+DEFAULT_TOKENIZER_DIR = SHARED / "tokenizer"
+HF_TOKENIZER = "Qwen3-ASR-0.6B-hf/tokenizer-as-saved-by-transformers-5.23"
+RELEASE_SIDE_FILES = (
+    "generation_config.json",
+    "preprocessor_config.json",
     "tokenizer_config.json",
     "chat_template.json",
-    "tokenizer.json",
+    "configuration.json",
 )
+VOCAB_FILES = ("vocab.json", "merges.txt")
+TIMESTAMP_TOKEN = "<timestamp>"
+
+
+@dataclass(frozen=True)
+class Preset:
+    release: str  # metadata folder of the release layout
+    hf: str  # metadata folder holding the -hf config.json
+    tiny: bool = False
+    shards: bool = False  # split as the release's index does
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset("Qwen3-ASR-0.6B", "Qwen3-ASR-0.6B-hf", tiny=True),
+    "0.6b": Preset("Qwen3-ASR-0.6B", "Qwen3-ASR-0.6B-hf"),
+    "1.7b": Preset("Qwen3-ASR-1.7B", "Qwen3-ASR-1.7B-hf", shards=True),
+    "aligner": Preset("Qwen3-ForcedAligner-0.6B", "Qwen3-ForcedAligner-0.6B-hf"),
+    "aligner-tiny": Preset("Qwen3-ForcedAligner-0.6B", "Qwen3-ForcedAligner-0.6B-hf", tiny=True),
+}
+LAYOUTS = ("release", "hf")
+
+# The tiny presets' sizes. Each size field appears under every name the published configs use for it.
+TINY_AUDIO = {
+    "d_model": 64, "encoder_layers": 2, "num_hidden_layers": 2, "encoder_attention_heads": 4,
+    "num_key_value_heads": 4, "encoder_ffn_dim": 128, "output_dim": 64, "downsample_hidden_size": 32,
+}  # fmt: skip
+TINY_TEXT = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "max_window_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+}  # fmt: skip
+
 # Logit spread of the tied head; ~8 keeps greedy decoding from collapsing onto one token.
 TARGET_LOGIT_STD = 8.0
+# Sharper q/k norms give peaked attention, as trained models have; the aligner needs more of it (and a
+# larger head) for its timestamp classes to vary from word to word.
+QK_NORM_SCALE = {"asr": 1.4, "aligner": 3.0}
+ALIGNER_HEAD_SCALE = 4.0
 
 
-def build_config(preset: str, tie_word_embeddings: bool = True) -> dict:
+# --------------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _resize(section: dict, sizes: dict) -> None:
+    for key, value in sizes.items():
+        if key in section:
+            section[key] = value
+
+
+def release_config(preset: str, metadata_dir: Path = DEFAULT_METADATA_DIR, tied: bool | None = None) -> dict:
+    """The published release config.json of the preset, resized for the tiny presets."""
     p = PRESETS[preset]
-    audio = {
-        "activation_function": "gelu",
-        "conv_chunksize": 500,
-        "max_source_positions": 1500,
-        "model_type": "qwen3_asr_audio_encoder",
-        "n_window": 50,
-        "n_window_infer": 800,
-        "num_mel_bins": 128,
-        "scale_embedding": False,
-        **p["audio"],
-    }
-    text = {
-        "attention_bias": False,
-        "hidden_act": "silu",
-        "max_position_embeddings": 65536,
-        "model_type": "qwen3_asr_text",
-        "rms_norm_eps": 1e-6,
-        "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
-        "rope_theta": 1000000,
-        "tie_word_embeddings": tie_word_embeddings,
-        "vocab_size": VOCAB_SIZE,
-        **p["text"],
-    }
-    return {
-        "architectures": ["Qwen3ASRForConditionalGeneration"],
-        "model_type": "qwen3_asr",
-        "support_languages": SUPPORTED_LANGUAGES,
-        "thinker_config": {
-            "audio_config": audio,
-            "text_config": text,
-            "audio_end_token_id": 151670,
-            "audio_start_token_id": 151669,
-            "audio_token_id": 151676,
-            "model_type": "qwen3_asr_thinker",
-            "user_token_id": 872,
-        },
-        "tie_word_embeddings": tie_word_embeddings,
-        "torch_dtype": "bfloat16",
-        # The release was written by a transformers of this series; 4.57.3+ would otherwise take a
-        # local config without a version for a Mistral tokenizer and patch its pre-tokenizer regex.
-        "transformers_version": "4.57.1",
-    }
+    config = _read_json(metadata_dir / p.release / "config.json")
+    thinker = config["thinker_config"]
+    if p.tiny:
+        _resize(thinker["audio_config"], TINY_AUDIO)
+        _resize(thinker["text_config"], TINY_TEXT)
+    if tied is not None:
+        thinker["text_config"]["tie_word_embeddings"] = tied
+    return config
 
 
-def random_weights(config: dict, seed: int = 0):
-    """Yield (name, float32 array) in the release's naming, one tensor at a time."""
-    rng = np.random.default_rng(seed)
-    a = config["thinker_config"]["audio_config"]
-    t = config["thinker_config"]["text_config"]
+def hf_config(preset: str, metadata_dir: Path = DEFAULT_METADATA_DIR, tied: bool | None = None) -> dict:
+    """The published `-hf` config.json of the preset, resized for the tiny presets."""
+    p = PRESETS[preset]
+    config = _read_json(metadata_dir / p.hf / "config.json")
+    if p.tiny:
+        _resize(config["audio_config"], TINY_AUDIO)
+        _resize(config["text_config"], TINY_TEXT)
+    if tied is not None:
+        config["text_config"]["tie_word_embeddings"] = tied
+    return config
 
-    def normal(shape, std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
 
-    def linear(out_f, in_f):
-        return normal((out_f, in_f), in_f**-0.5)
+def is_aligner(config: dict) -> bool:
+    return config["thinker_config"].get("model_type") == "qwen3_forced_aligner"
 
-    def near_one(n, scale=1.0):
-        return (scale * (1.0 + normal((n,), 0.05))).astype(np.float32)
 
+def hf_head_name(config: dict) -> str | None:
+    if is_aligner(config):
+        return "score.weight"
+    return None if config["thinker_config"]["text_config"]["tie_word_embeddings"] else "lm_head.weight"
+
+
+# --------------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str  # release-layout name
+    shape: tuple[int, ...]
+    kind: str  # how it is drawn: "linear", "conv", "bias", "norm", "qk_norm", "final_norm", "embed", "head"
+
+
+def release_tensors(config: dict) -> list[Tensor]:
+    """Every tensor of the release layout, in the order the weights are drawn."""
+    thinker = config["thinker_config"]
+    a, t = thinker["audio_config"], thinker["text_config"]
     d, ch, ffn = a["d_model"], a["downsample_hidden_size"], a["encoder_ffn_dim"]
     freq = a["num_mel_bins"]
     for _ in range(3):
         freq = (freq - 1) // 2 + 1
+    out: list[Tensor] = []
+
+    def add(name: str, shape: tuple[int, ...], kind: str) -> None:
+        out.append(Tensor(name, tuple(int(s) for s in shape), kind))
+
     pre = "thinker.audio_tower."
-    yield pre + "conv2d1.weight", normal((ch, 1, 3, 3), 9**-0.5)
-    yield pre + "conv2d1.bias", normal((ch,), 0.02)
+    add(pre + "conv2d1.weight", (ch, 1, 3, 3), "conv")
+    add(pre + "conv2d1.bias", (ch,), "bias")
     for i in (2, 3):
-        yield pre + f"conv2d{i}.weight", normal((ch, ch, 3, 3), (9 * ch) ** -0.5)
-        yield pre + f"conv2d{i}.bias", normal((ch,), 0.02)
-    yield pre + "conv_out.weight", linear(d, ch * freq)
+        add(pre + f"conv2d{i}.weight", (ch, ch, 3, 3), "conv")
+        add(pre + f"conv2d{i}.bias", (ch,), "bias")
+    add(pre + "conv_out.weight", (d, ch * freq), "linear")
     for i in range(a["encoder_layers"]):
         lp = f"{pre}layers.{i}."
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            yield lp + f"self_attn.{proj}.weight", linear(d, d)
-            yield lp + f"self_attn.{proj}.bias", normal((d,), 0.02)
+            add(lp + f"self_attn.{proj}.weight", (d, d), "linear")
+            add(lp + f"self_attn.{proj}.bias", (d,), "bias")
         for norm in ("self_attn_layer_norm", "final_layer_norm"):
-            yield lp + f"{norm}.weight", near_one(d)
-            yield lp + f"{norm}.bias", normal((d,), 0.02)
-        yield lp + "fc1.weight", linear(ffn, d)
-        yield lp + "fc1.bias", normal((ffn,), 0.02)
-        yield lp + "fc2.weight", linear(d, ffn)
-        yield lp + "fc2.bias", normal((d,), 0.02)
-    yield pre + "ln_post.weight", near_one(d)
-    yield pre + "ln_post.bias", normal((d,), 0.02)
-    yield pre + "proj1.weight", linear(d, d)
-    yield pre + "proj1.bias", normal((d,), 0.02)
-    yield pre + "proj2.weight", linear(a["output_dim"], d)
-    yield pre + "proj2.bias", normal((a["output_dim"],), 0.02)
+            add(lp + f"{norm}.weight", (d,), "norm")
+            add(lp + f"{norm}.bias", (d,), "bias")
+        add(lp + "fc1.weight", (ffn, d), "linear")
+        add(lp + "fc1.bias", (ffn,), "bias")
+        add(lp + "fc2.weight", (d, ffn), "linear")
+        add(lp + "fc2.bias", (d,), "bias")
+    add(pre + "ln_post.weight", (d,), "norm")
+    add(pre + "ln_post.bias", (d,), "bias")
+    add(pre + "proj1.weight", (d, d), "linear")
+    add(pre + "proj1.bias", (d,), "bias")
+    add(pre + "proj2.weight", (a["output_dim"], d), "linear")
+    add(pre + "proj2.bias", (a["output_dim"],), "bias")
 
     h, hd = t["hidden_size"], t["head_dim"]
     nh, nkv, inter = t["num_attention_heads"], t["num_key_value_heads"], t["intermediate_size"]
-    embed = normal((t["vocab_size"], h), 0.02)
-    yield "thinker.model.embed_tokens.weight", embed
+    add("thinker.model.embed_tokens.weight", (t["vocab_size"], h), "embed")
     for i in range(t["num_hidden_layers"]):
         lp = f"thinker.model.layers.{i}."
-        yield lp + "input_layernorm.weight", near_one(h)
-        yield lp + "post_attention_layernorm.weight", near_one(h)
-        yield lp + "self_attn.q_proj.weight", linear(nh * hd, h)
-        yield lp + "self_attn.k_proj.weight", linear(nkv * hd, h)
-        yield lp + "self_attn.v_proj.weight", linear(nkv * hd, h)
-        yield lp + "self_attn.o_proj.weight", linear(h, nh * hd)
-        # Slightly sharper q/k norms give peaked attention, as trained models have.
-        yield lp + "self_attn.q_norm.weight", near_one(hd, 1.4)
-        yield lp + "self_attn.k_norm.weight", near_one(hd, 1.4)
-        yield lp + "mlp.gate_proj.weight", linear(inter, h)
-        yield lp + "mlp.up_proj.weight", linear(inter, h)
-        yield lp + "mlp.down_proj.weight", linear(h, inter)
-    # The final norm sets the logit scale of the head: unit-rms hidden states times 0.02-std rows.
-    yield "thinker.model.norm.weight", near_one(h, TARGET_LOGIT_STD / (0.02 * h**0.5))
-    # The release stores the head even when it is tied to the embedding.
-    yield (
-        "thinker.lm_head.weight",
-        embed if t["tie_word_embeddings"] else linear(t["vocab_size"], h) * 0.02 * h**0.5,
-    )
+        add(lp + "input_layernorm.weight", (h,), "norm")
+        add(lp + "post_attention_layernorm.weight", (h,), "norm")
+        add(lp + "self_attn.q_proj.weight", (nh * hd, h), "linear")
+        add(lp + "self_attn.k_proj.weight", (nkv * hd, h), "linear")
+        add(lp + "self_attn.v_proj.weight", (nkv * hd, h), "linear")
+        add(lp + "self_attn.o_proj.weight", (h, nh * hd), "linear")
+        add(lp + "self_attn.q_norm.weight", (hd,), "qk_norm")
+        add(lp + "self_attn.k_norm.weight", (hd,), "qk_norm")
+        add(lp + "mlp.gate_proj.weight", (inter, h), "linear")
+        add(lp + "mlp.up_proj.weight", (inter, h), "linear")
+        add(lp + "mlp.down_proj.weight", (h, inter), "linear")
+    add("thinker.model.norm.weight", (h,), "final_norm")
+    # The release stores the head even when it is tied to the embedding (as a copy of it).
+    rows = thinker["classify_num"] if is_aligner(config) else t["vocab_size"]
+    add("thinker.lm_head.weight", (rows, h), "head")
+    return out
 
 
-def _save(tensors: dict, path: Path) -> None:
+# The -hf names of the release's tensors (transformers' convert_qwen3_asr_to_hf.py), first match wins.
+HF_NAMES = (
+    ("thinker.audio_tower.proj1.", "model.multi_modal_projector.linear_1."),
+    ("thinker.audio_tower.proj2.", "model.multi_modal_projector.linear_2."),
+    ("thinker.audio_tower.", "model.audio_tower."),
+    ("thinker.model.", "model.language_model."),
+)
+
+
+def layout_name(name: str, layout: str, head: str | None) -> str | None:
+    """The tensor's name in `layout`; None where the layout does not store it (the -hf tied head).
+
+    head: the -hf name of the head (`score.weight` for the aligner, `lm_head.weight` for an untied ASR
+    model, None for a tied one).
+    """
+    if layout == "release":
+        return name
+    if name == "thinker.lm_head.weight":
+        return head
+    for old, new in HF_NAMES:
+        if name.startswith(old):
+            return new + name[len(old) :]
+    raise ValueError(f"no -hf name for {name}")
+
+
+def weight_specs(preset: str, layout: str = "release", metadata_dir: Path = DEFAULT_METADATA_DIR) -> dict:
+    """{name: shape} of every tensor the preset's checkpoint stores in `layout` (all bfloat16)."""
+    config = release_config(preset, metadata_dir)
+    head = hf_head_name(config)
+    specs = {}
+    for tensor in release_tensors(config):
+        name = layout_name(tensor.name, layout, head)
+        if name is not None:
+            specs[name] = tensor.shape
+    return dict(sorted(specs.items()))
+
+
+def random_weights(config: dict, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (release name, float32 array) one tensor at a time, seeded."""
+    rng = np.random.default_rng(seed)
+    t = config["thinker_config"]["text_config"]
+    aligner = is_aligner(config)
+    h = t["hidden_size"]
+    embed = None
+
+    def normal(shape, std):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    def near_one(n, scale=1.0):
+        return (scale * (1.0 + normal((n,), 0.05))).astype(np.float32)
+
+    for tensor in release_tensors(config):
+        shape, kind = tensor.shape, tensor.kind
+        if kind == "linear":
+            value = normal(shape, shape[1] ** -0.5)
+        elif kind == "conv":
+            value = normal(shape, (9 * shape[1]) ** -0.5)
+        elif kind == "bias":
+            value = normal(shape, 0.02)
+        elif kind == "norm":
+            value = near_one(shape[0])
+        elif kind == "qk_norm":
+            value = near_one(shape[0], QK_NORM_SCALE["aligner" if aligner else "asr"])
+        elif kind == "embed":
+            value = embed = normal(shape, 0.02)
+        elif kind == "final_norm":
+            # Sets the logit scale of a tied head: unit-rms hidden states times 0.02-std rows.
+            value = near_one(shape[0], 1.0 if aligner else TARGET_LOGIT_STD / (0.02 * h**0.5))
+        elif kind == "head":
+            if aligner:
+                value = normal(shape, ALIGNER_HEAD_SCALE * h**-0.5)
+            elif t["tie_word_embeddings"]:
+                value = embed
+            else:
+                value = normal(shape, 0.02)
+        else:
+            raise AssertionError(kind)
+        yield tensor.name, value
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------------
+
+
+def _save(tensors: dict, path: Path) -> int:
     import mlx.core as mx
 
-    mx.save_safetensors(
-        str(path), {k: mx.array(v).astype(mx.bfloat16) for k, v in tensors.items()}, metadata={"format": "pt"}
-    )
+    mx.save_safetensors(str(path), tensors, metadata={"format": "pt"})
+    return sum(v.nbytes for v in tensors.values())
+
+
+def _bf16(value: np.ndarray):
+    import mlx.core as mx
+
+    return mx.array(value).astype(mx.bfloat16)
+
+
+def shard_plan(preset: str, metadata_dir: Path, shard_mb: float | None, names_sizes: list[tuple[str, int]]):
+    """File name of every tensor: the release's own index for sharded presets, else by size."""
+    p = PRESETS[preset]
+    if p.shards and shard_mb is None:
+        index = metadata_dir / p.release / "model.safetensors.index.json.RECONSTRUCTED"
+        weight_map = _read_json(index)["weight_map"]
+        return {name: weight_map[name] for name, _ in names_sizes}
+    if shard_mb is None:
+        return {name: "model.safetensors" for name, _ in names_sizes}
+    limit = int(shard_mb * 2**20)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, nbytes in names_sizes:
+        if groups[-1] and size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    if len(groups) == 1:
+        return dict.fromkeys(groups[0], "model.safetensors")
+    return {
+        name: f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        for i, group in enumerate(groups, 1)
+        for name in group
+    }
+
+
+def _hf_tokenizer_json(metadata_dir: Path) -> dict:
+    """The aligner's transformers-v5 tokenizer.json: the ASR one plus `<timestamp>`, as its release
+    tokenizer_config.json declares it."""
+    data = _read_json(metadata_dir / HF_TOKENIZER / "tokenizer.json")
+    release = _read_json(metadata_dir / PRESETS["aligner"].release / "tokenizer_config.json")
+    (key,) = [k for k, e in release["added_tokens_decoder"].items() if e["content"] == TIMESTAMP_TOKEN]
+    if all(t["content"] != TIMESTAMP_TOKEN for t in data["added_tokens"]):
+        data["added_tokens"].append({"id": int(key), **release["added_tokens_decoder"][key]})
+    return data
 
 
 def write_checkpoint(
     out: str | Path,
     preset: str = "tiny",
     seed: int = 0,
-    tokenizer_dir: str | Path | None = None,
+    *,
+    layout: str = "release",
     shard_mb: float | None = None,
-    tie_word_embeddings: bool = True,
+    tie_word_embeddings: bool | None = None,
+    metadata_dir: str | Path | None = None,
+    tokenizer_dir: str | Path | None = None,
 ) -> Path:
-    """Write the checkpoint to `out` and return its path. `shard_mb` splits the weights into shards."""
+    """Write the checkpoint into `out` and return its path.
+
+    shard_mb: split the weights into shards of about this size (the `1.7b` preset is sharded as
+        released unless this is given).
+    tie_word_embeddings: override the text config's tie flag (an ASR checkpoint with its own head).
+    """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+    metadata_dir = Path(metadata_dir) if metadata_dir else DEFAULT_METADATA_DIR
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else DEFAULT_TOKENIZER_DIR
+    p = PRESETS[preset]
+    for needed in (metadata_dir / p.release / "config.json", tokenizer_dir / "vocab.json"):
+        if not needed.is_file():
+            raise FileNotFoundError(f"{needed} is missing: pass --metadata-dir / --tokenizer-dir")
     out = Path(out)
-    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else default_tokenizer_dir()
-    if not (tokenizer_dir / "vocab.json").is_file():
-        raise FileNotFoundError(f"{tokenizer_dir}: no vocab.json; pass --tokenizer-dir")
     out.mkdir(parents=True, exist_ok=True)
-    config = build_config(preset, tie_word_embeddings)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, out / name)
 
-    limit = None if shard_mb is None else int(shard_mb * 2**20)
-    shards: list[dict] = [{}]
-    size = 0
-    for name, value in random_weights(config, seed):
-        nbytes = value.size * 2
-        if limit is not None and shards[-1] and size + nbytes > limit:
-            shards.append({})
-            size = 0
-        shards[-1][name] = value
-        size += nbytes
-    if len(shards) == 1:
-        _save(shards[0], out / "model.safetensors")
+    config = release_config(preset, metadata_dir, tie_word_embeddings)
+    aligner = is_aligner(config)
+    if layout == "release":
+        if p.tiny or tie_word_embeddings is not None:
+            text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+            (out / "config.json").write_text(text, encoding="utf-8")
+        else:
+            shutil.copyfile(metadata_dir / p.release / "config.json", out / "config.json")
+        for name in RELEASE_SIDE_FILES:
+            if (metadata_dir / p.release / name).is_file():
+                shutil.copyfile(metadata_dir / p.release / name, out / name)
+        for name in VOCAB_FILES:
+            shutil.copyfile(tokenizer_dir / name, out / name)
     else:
-        weight_map = {}
-        total = 0
-        for i, shard in enumerate(shards, 1):
-            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            _save(shard, out / fname)
-            for k, v in shard.items():
-                weight_map[k] = fname
-                total += v.size * 2
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        if p.tiny or tie_word_embeddings is not None:
+            text = json.dumps(hf_config(preset, metadata_dir, tie_word_embeddings), indent=2) + "\n"
+            (out / "config.json").write_text(text, encoding="utf-8")
+        else:
+            shutil.copyfile(metadata_dir / p.hf / "config.json", out / "config.json")
+        shutil.copyfile(metadata_dir / HF_TOKENIZER / "tokenizer_config.json", out / "tokenizer_config.json")
+        if aligner:
+            tokenizer = _hf_tokenizer_json(metadata_dir)
+            (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+        else:
+            shutil.copyfile(metadata_dir / HF_TOKENIZER / "tokenizer.json", out / "tokenizer.json")
+
+    head = hf_head_name(config)
+    tensors = release_tensors(config)
+    names = [(t.name, 2 * int(np.prod(t.shape))) for t in tensors]
+    plan = shard_plan(preset, metadata_dir, shard_mb, names)
+    files: dict[str, dict] = {}
+    for name, value in random_weights(config, seed):
+        stored = layout_name(name, layout, head)
+        if stored is None:
+            continue
+        files.setdefault(plan[name], {})[stored] = _bf16(value)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for fname in sorted(files):
+        shard = files.pop(fname)
+        total += _save(shard, out / fname)
+        weight_map.update(dict.fromkeys(shard, fname))
+        del shard
+    if len({*weight_map.values()}) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return out
 
 
-def default_tokenizer_dir() -> Path:
-    """The shared Qwen3-ASR vocabulary that sits beside the repository."""
-    return Path(__file__).resolve().parents[2] / "shared" / "tokenizer"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=list(PRESETS), default="tiny")
+    ap.add_argument("--layout", choices=LAYOUTS, default="release")
     ap.add_argument("-o", "--output", required=True, help="directory to write")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokenizer-dir", default=None, help="directory with vocab.json, merges.txt, ...")
     ap.add_argument("--shard-mb", type=float, default=None, help="split weights into shards of this size")
     ap.add_argument(
-        "--untied", action="store_true", help="write a separate lm_head (tie_word_embeddings false)"
+        "--untied", action="store_true", help="an ASR head of its own (tie_word_embeddings false)"
+    )
+    ap.add_argument(
+        "--metadata-dir", default=None, help=f"published metadata (default {DEFAULT_METADATA_DIR})"
+    )
+    ap.add_argument(
+        "--tokenizer-dir", default=None, help=f"vocab.json and merges.txt (default {DEFAULT_TOKENIZER_DIR})"
     )
     args = ap.parse_args(argv)
     path = write_checkpoint(
-        args.output, args.preset, args.seed, args.tokenizer_dir, args.shard_mb, not args.untied
+        args.output,
+        args.preset,
+        args.seed,
+        layout=args.layout,
+        shard_mb=args.shard_mb,
+        tie_word_embeddings=False if args.untied else None,
+        metadata_dir=args.metadata_dir,
+        tokenizer_dir=args.tokenizer_dir,
     )
-    print(f"wrote {args.preset} checkpoint to {path}")
+    print(f"wrote {args.preset} checkpoint ({args.layout} layout) to {path}")
     return 0
 
 

@@ -48,9 +48,10 @@ from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
 RECIPES: dict[str, tuple[dict, str]] = {
     "bf16": ({}, "(none)"),
     "8-bit": ({"bits": 8}, "--bits 8"),
-    "4-bit": ({"bits": 4, "encoder_bits": 4}, "--bits 4 --encoder-bits 4"),
-    "4-bit decoder + 8-bit encoder": ({"bits": 4}, "--bits 4"),
-    "4-bit decoder + bf16 encoder": ({"bits": 4, "encoder_bits": 16}, "--bits 4 --encoder-bits 16"),
+    "4-bit": ({"bits": 4}, "--bits 4"),
+    "8-bit, encoder too": ({"bits": 8, "encoder_bits": 8}, "--bits 8 --encoder-bits 8"),
+    "4-bit, encoder too": ({"bits": 4, "encoder_bits": 4}, "--bits 4 --encoder-bits 4"),
+    "4-bit decoder + 8-bit encoder": ({"bits": 4, "encoder_bits": 8}, "--bits 4 --encoder-bits 8"),
 }
 REFERENCE = "bf16"
 AUDIO_SECONDS = (4.0, 7.5, 11.0)

@@ -1,0 +1,37 @@
+"""One sentence in each of the 30 languages Qwen3-ASR supports, in its own script (names, numbers,
+apostrophes and mixed case included), for tokenizer and prompt parity."""
+
+from __future__ import annotations
+
+LANGUAGE_SAMPLES: dict[str, str] = {
+    "Chinese": "今天下午三点，我们在会议室讨论语音识别的新方案。",
+    "English": "The quarterly results didn't meet McDonald's forecast; see https://example.com/Q3.",
+    "Cantonese": "我哋今日喺度傾下個新計劃，你食咗飯未呀？",
+    "Arabic": "نناقش اليوم نتائج الربع الثالث مع فريق التعرف على الكلام.",
+    "German": "Die Besprechung über Spracherkennung beginnt um 15 Uhr in München.",
+    "French": "Aujourd'hui, nous présentons les résultats du troisième trimestre à l'équipe.",
+    "Spanish": "¿Podemos revisar mañana los resultados del reconocimiento de voz?",
+    "Portuguese": "Vamos discutir amanhã a transcrição automática das reuniões, não é?",
+    "Indonesian": "Kami akan membahas hasil pengenalan suara pada rapat besok pagi.",
+    "Italian": "Domani discuteremo i risultati del riconoscimento vocale con l'azienda.",
+    "Korean": "오늘 오후 세 시에 음성 인식 회의가 있습니다.",
+    "Russian": "Сегодня мы обсуждаем результаты распознавания речи в Москве.",
+    "Thai": "วันนี้เราจะประชุมเรื่องระบบรู้จำเสียงพูดตอนบ่ายสามโมง",
+    "Vietnamese": "Hôm nay chúng ta thảo luận về kết quả nhận dạng giọng nói.",
+    "Japanese": "今日の午後三時に音声認識の会議があります。カタカナも使います。",
+    "Turkish": "Bugün İstanbul'da konuşma tanıma toplantısı yapacağız.",
+    "Hindi": "आज दोपहर तीन बजे हम वाक् पहचान पर बैठक करेंगे।",
+    "Malay": "Kami akan membincangkan keputusan pengecaman pertuturan esok.",
+    "Dutch": "Morgen bespreken we de resultaten van de spraakherkenning in Utrecht.",
+    "Swedish": "I morgon diskuterar vi resultaten från taligenkänningen i Göteborg.",
+    "Danish": "I morgen gennemgår vi resultaterne af talegenkendelsen i København.",
+    "Finnish": "Huomenna käymme läpi puheentunnistuksen tulokset Helsingissä.",
+    "Polish": "Jutro omówimy wyniki rozpoznawania mowy w Łodzi.",
+    "Czech": "Zítra probereme výsledky rozpoznávání řeči v Brně.",
+    "Filipino": "Bukas ay pag-uusapan natin ang resulta ng pagkilala sa pananalita.",
+    "Persian": "فردا نتایج بازشناسی گفتار را در تهران بررسی می‌کنیم.",
+    "Greek": "Αύριο θα συζητήσουμε τα αποτελέσματα της αναγνώρισης ομιλίας.",
+    "Romanian": "Mâine discutăm rezultatele recunoașterii vorbirii la București.",
+    "Hungarian": "Holnap megbeszéljük a beszédfelismerés eredményeit Budapesten.",
+    "Macedonian": "Утре ќе ги разгледаме резултатите од препознавањето говор во Скопје.",
+}
