@@ -78,7 +78,8 @@ exit status:
   {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, output not
        writable); the other files were still processed, the summary lists the failures
   {EXIT_USAGE}    usage error (bad option, unknown --language, unreadable --context-file, none of
-       the PATHs exists) or the model could not be loaded; nothing is written
+       the PATHs exists), the model could not be loaded, or it is a forced aligner rather than a
+       speech recognition model; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
        are left, and rerunning resumes ({EXIT_TERMINATED} for SIGTERM)
 
