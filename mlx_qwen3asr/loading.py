@@ -18,14 +18,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from . import hub
 from .config import ModelConfig
 from .layouts import LayoutError, check_model_type, normalize
 from .model import Qwen3ASR
 from .tokenizer import Tokenizer
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-# What a snapshot download needs: weights, configs, tokenizer and templates.
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja"]
 
 
 class ModelLoadError(Exception):
@@ -89,7 +88,7 @@ def parse_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype:
 
 
 def resolve_model_path(path_or_repo: str | Path) -> Path:
-    """A local checkpoint directory, or a Hugging Face repo id downloaded into (or found in) the hub cache."""
+    """A local checkpoint directory, or a Hugging Face repo id found complete in the hub cache or downloaded."""
     path = Path(path_or_repo).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -99,13 +98,9 @@ def resolve_model_path(path_or_repo: str | Path) -> Path:
     if repo.count("/") != 1 or repo.startswith((".", "/", "~")):
         raise ModelLoadError(f"{repo}: no such directory, and not a Hugging Face repo id (org/name)")
     try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
-    except Exception as e:  # network, auth, missing repo: all end the same way for the user
-        raise ModelLoadError(
-            f"{repo}: cannot fetch from the Hugging Face hub ({e.__class__.__name__}: {e})"
-        ) from e
+        return hub.snapshot(repo)
+    except hub.HubError as e:
+        raise ModelLoadError(str(e)) from e
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -172,19 +167,35 @@ def quantize_like_checkpoint(
     )
 
 
+# Names listed in a mismatch message before the rest are counted.
+MAX_LISTED = 6
+
+
+def _listed(items: list[str]) -> str:
+    shown = ", ".join(items[:MAX_LISTED])
+    return shown + (f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
+
+
 def check_weights(net: Qwen3ASR, weights: dict[str, mx.array], where: Path) -> None:
+    """Raise ModelLoadError naming what is missing, unexpected or mis-shaped (a few names, then a count)."""
     expected = dict(tree_flatten(net.parameters()))
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
+    misshaped = [
+        f"{key} {tuple(weights[key].shape)} (expected {tuple(expected[key].shape)})"
+        for key in sorted(set(expected) & set(weights))
+        if tuple(expected[key].shape) != tuple(weights[key].shape)
+    ]
     problems = []
     if missing:
-        problems.append(f"missing weight(s): {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+        problems.append(f"missing weight(s): {_listed(missing)}")
     if extra:
-        problems.append(f"unexpected weight(s): {', '.join(extra[:8])}" + (" ..." if len(extra) > 8 else ""))
-    for key in sorted(set(expected) & set(weights)):
-        if tuple(expected[key].shape) != tuple(weights[key].shape):
+        problems.append(f"unexpected weight(s): {_listed(extra)}")
+    if misshaped:
+        problems.append(f"weight shape(s) differ: {_listed(misshaped)}")
+        if len(misshaped) > MAX_LISTED:
             problems.append(
-                f"weight {key} has shape {tuple(weights[key].shape)}, expected {tuple(expected[key].shape)}"
+                "config.json's sizes do not match these weights (a config of another model size?)"
             )
     if problems:
         raise ModelLoadError(f"{where}: checkpoint does not match the model: " + "; ".join(problems))

@@ -304,7 +304,7 @@ def test_quantized_recipe_mismatch_fails(tmp_path, original):
     config = json.loads((path / "config.json").read_text())
     del config["quantization"][MIXED_LAYER]
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match=rf"{MIXED_LAYER}\.weight has shape"):
+    with pytest.raises(ModelLoadError, match=rf"{MIXED_LAYER}\.weight \("):
         load(path)
 
 
@@ -430,7 +430,9 @@ def test_repo_id_from_hub_cache(hub_cache, reference, monkeypatch, tmp_path):
 
 def test_unknown_repo_offline(hub_cache, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ModelLoadError, match="acme/no-such-model: cannot fetch"):
+    with pytest.raises(
+        ModelLoadError, match="acme/no-such-model: not in the local Hugging Face cache, and HF_HUB"
+    ):
         load("acme/no-such-model")
 
 
