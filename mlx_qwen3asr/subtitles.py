@@ -479,33 +479,51 @@ def build_cues(
     *,
     sample_rate: int = SAMPLE_RATE,
     options: CueOptions | None = None,
+    duration: float | None = None,
 ) -> list[Cue]:
     """Subtitle cues for transcript segments (objects with start, end and text).
 
     With the audio (mono samples at sample_rate), each segment's cues span its speech and the
     boundaries between them sit at quiet points. Cues are ordered, do not overlap, last at least
     1 ms (min_duration where the gap to the next cue allows) and are timed in whole milliseconds.
+    No cue ends after `duration` seconds (default: the audio's length, when it is given).
     """
     options = options or CueOptions()
     energy = frame_energy_db(audio, sample_rate) if audio is not None and len(audio) else None
+    if duration is None and audio is not None:
+        duration = len(audio) / sample_rate
+    end_ms = None if duration is None else max(1, math.ceil(duration * 1000 - 1e-6))
+    end_s = math.inf if end_ms is None else end_ms / 1000
     # The frame length frame_energy_db really used, after rounding to whole samples.
     frame_seconds = max(1, int(round(_FRAME_SECONDS * sample_rate))) / sample_rate
     raw: list[tuple[float, float, str]] = []
     for seg in sorted(segments, key=lambda s: s.start):
         if seg.text and seg.text.strip():
-            raw.extend(_segment_cues(seg.text, seg.start, seg.end, options, energy, frame_seconds))
+            start, stop = min(seg.start, end_s), min(seg.end, end_s)
+            raw.extend(_segment_cues(seg.text, start, stop, options, energy, frame_seconds))
 
-    # Short cues borrow time from the gap after them.
+    # Short cues borrow time from the gap after them (the last one up to the end of the audio).
     for k, (s, e, text) in enumerate(raw):
         if e - s < options.min_duration:
-            room = raw[k + 1][0] if k + 1 < len(raw) else math.inf
+            room = raw[k + 1][0] if k + 1 < len(raw) else end_s
             raw[k] = (s, max(e, min(s + options.min_duration, room)), text)
 
+    if end_ms is not None:
+        # Every cue needs a millisecond of its own before the end: where the audio has fewer than the
+        # cues (a clip of a few milliseconds), the last ones are joined.
+        while len(raw) > end_ms:
+            (s, _, a), (_, e, b) = raw[-2], raw.pop()
+            raw[-1] = (s, e, f"{a}\n{b}")
     cues: list[Cue] = []
     prev_end = 0
-    for s, e, text in raw:
+    n = len(raw)
+    for k, (s, e, text) in enumerate(raw):
         start_ms = max(to_milliseconds(s), prev_end)
-        end_ms = max(to_milliseconds(e), start_ms + 1)
-        cues.append(Cue(start_ms / 1000, end_ms / 1000, text))
-        prev_end = end_ms
+        stop_ms = max(to_milliseconds(e), start_ms + 1)
+        if end_ms is not None:
+            # Leave a millisecond for each cue still to come.
+            start_ms = min(start_ms, end_ms - (n - k))
+            stop_ms = min(stop_ms, end_ms - (n - 1 - k))
+        cues.append(Cue(start_ms / 1000, stop_ms / 1000, text))
+        prev_end = stop_ms
     return cues

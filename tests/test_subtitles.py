@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -259,7 +260,9 @@ def test_random_segments_always_give_valid_cues():
     for case in range(150):
         t, segs = 0.0, []
         for _ in range(rng.randint(1, 4)):
-            dur = rng.choice([0.001, 0.3, 2.0, 9.0, 30.0]) * rng.uniform(0.5, 1.0)
+            # Audio shorter than a millisecond per cue joins cues (test_cues_end_with_the_audio).
+            shortest = 0.001 if case % 2 == 0 else 0.3
+            dur = rng.choice([shortest, 0.3, 2.0, 9.0, 30.0]) * rng.uniform(0.5, 1.0)
             n = rng.randint(0, 60)
             text = "".join(rng.choice(vocab) + rng.choice([" ", "", " "]) for _ in range(n))
             segs.append(Seg(t, t + dur, text))
@@ -269,6 +272,8 @@ def test_random_segments_always_give_valid_cues():
             audio[len(audio) // 3 : len(audio) // 2] = 0.0
         cues = build_cues(segs, audio, options=options)
         check_cues(cues, options)
+        if audio is not None and cues:
+            assert cues[-1].end <= math.ceil(len(audio) / SR * 1000) / 1000
         assert words("".join(c.text for c in cues)) == words("".join(s.text for s in segs))
 
 
@@ -277,3 +282,20 @@ def test_options_are_validated():
         CueOptions(max_width=0)
     with pytest.raises(ValueError):
         CueOptions(max_duration=1.0, min_duration=2.0)
+
+
+@pytest.mark.parametrize("samples", [1, 160, 800, 8000, 16001])
+def test_cues_end_with_the_audio(samples):
+    """No cue ends after the file does, however short it is; no word is lost."""
+    audio = test_signal(samples / SR, seed=samples)[:samples]
+    duration_ms = math.ceil(samples / SR * 1000)
+    # What the model might say for a clip padded to 0.5 s: segments that end after the audio does.
+    text = "Thank you. And goodbye, everyone, see you next time!"
+    segs = [Seg(0.0, 0.5, text), Seg(0.5, 0.7, "Bye.")]
+    cues = build_cues(segs, audio)
+    assert cues and cues[-1].end * 1000 <= duration_ms
+    assert all(0 <= c.start < c.end for c in cues)
+    assert all(a.end <= b.start for a, b in zip(cues, cues[1:]))
+    assert words("".join(c.text for c in cues)) == words(text + "Bye.")
+    no_audio = build_cues(segs, duration=samples / SR)
+    assert no_audio[-1].end * 1000 <= duration_ms
