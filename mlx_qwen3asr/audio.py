@@ -7,12 +7,22 @@ default `soxr_hq`), peak-normalise only when the signal exceeds full scale, then
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import math
 import os
+import re
 import shutil
+import stat
 import struct
 import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -58,6 +68,32 @@ class AudioError(Exception):
         super().__init__(f"{self.path}: {reason}")
 
 
+@dataclass
+class DecodedAudio:
+    """A file's samples (mono, 16 kHz, normalised) and what the decode found out about the file."""
+
+    samples: np.ndarray
+    seconds: float  # decoded length, at the file's own rate
+    header_seconds: float | None = None  # what the header or container states, when it says
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        """Decoded clearly less than the header states: a cut-off download or a damaged file."""
+        if self.header_seconds is None:
+            return False
+        return self.header_seconds - self.seconds > max(TRUNCATION_SECONDS, 0.01 * self.header_seconds)
+
+
+# A file decoding to less than its header states by more than this (and 1%) is reported truncated.
+TRUNCATION_SECONDS = 0.5
+# Frames per decoded block.
+_DECODE_BLOCK = 1 << 16
+# Lines native decoders (libmpg123 inside libsndfile) print on the process's stderr.
+_NATIVE_CHATTER = re.compile(r"^(Note|Warning|Error): |^\[src/libmpg123|mpg123")
+_CAPTURE_LOCK = threading.Lock()
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -67,11 +103,58 @@ def _extension(path: str) -> str:
     return os.path.splitext(path)[1].lower().lstrip(".")
 
 
-def _check_readable(path: str) -> None:
-    """Turn the common filesystem failures into short messages before any decoder sees the file."""
+@contextlib.contextmanager
+def _native_stderr(notes: list[str]) -> Iterator[None]:
+    """Capture what native code writes to file descriptor 2 while the block runs.
+
+    Decoder chatter goes into `notes` (it names no file; the caller turns it into its own message).
+    Anything else written meanwhile (another thread's messages) is passed on once the block ends.
+    """
+    with _CAPTURE_LOCK, tempfile.TemporaryFile() as sink:
+        try:
+            sys.stderr.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            others = []
+            for line in sink.read().decode("utf-8", "replace").splitlines():
+                if _NATIVE_CHATTER.search(line):
+                    notes.append(_one_line(line))
+                elif line.strip():
+                    others.append(line)
+            if others:
+                os.write(2, ("\n".join(others) + "\n").encode("utf-8", "replace"))
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "is a directory, not a file"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "is a socket, not a regular file"),
+    (stat.S_ISCHR, "is a character device, not a regular file"),
+    (stat.S_ISBLK, "is a block device, not a regular file"),
+)
+
+
+def not_regular_reason(mode: int) -> str | None:
+    """Why a file of this st_mode is no audio file to open (a FIFO would block forever), or None."""
+    for test, reason in _FILE_KINDS:
+        if test(mode):
+            return reason
+    return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """Open a regular, non-empty file for reading; anything else is an AudioError, and never blocks."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as f:
-            first = f.read(1)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise AudioError(path, "no such file") from None
     except IsADirectoryError:
@@ -79,57 +162,111 @@ def _check_readable(path: str) -> None:
     except PermissionError:
         raise AudioError(path, "permission denied") from None
     except OSError as e:
-        raise AudioError(path, _one_line(e.strerror or str(e))) from None
-    if not first:
-        raise AudioError(path, "file is empty")
+        reason = "symbolic link loop" if e.errno == errno.ELOOP else _one_line(e.strerror or str(e))
+        raise AudioError(path, reason) from None
+    st = os.fstat(fd)
+    reason = not_regular_reason(st.st_mode)
+    if reason is None and st.st_size == 0:
+        reason = "file is empty"
+    if reason is not None:
+        os.close(fd)
+        raise AudioError(path, reason)
+    return os.fdopen(fd, "rb")
 
 
-def _decode_soundfile(path: str) -> tuple[np.ndarray, int]:
-    # float32 like librosa.load, which is what the official pipeline reads files with.
-    data, sr = sf.read(path, dtype="float32", always_2d=True)
-    return data, int(sr)
+def _wav_declared_frames(f: BinaryIO) -> int | None:
+    """Frames a RIFF/WAVE header declares in its data chunk (libsndfile reports what is present)."""
+    head = os.pread(f.fileno(), 1 << 16, 0)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos, block_align = 12, 0
+    while pos + 8 <= len(head):
+        cid, size = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
+        if cid == b"fmt " and pos + 22 <= len(head):
+            block_align = struct.unpack("<H", head[pos + 20 : pos + 22])[0]
+        elif cid == b"data":
+            # 0 and 0xFFFFFFFF are what streaming writers put when they cannot know the length.
+            if block_align == 0 or size in (0, 0xFFFFFFFF):
+                return None
+            return size // block_align
+        pos += 8 + size + (size & 1)
+    return None
 
 
-def _decode_ffmpeg(path: str, ffmpeg: str) -> tuple[np.ndarray, int]:
+def _decode_soundfile(
+    f: BinaryIO, path: str, notes: list[str]
+) -> tuple[np.ndarray, int, int | None, str | None]:
+    """(frames x channels float32, rate, frames the header states, the error that stopped decoding)."""
+    with _native_stderr(notes):
+        snd = sf.SoundFile(f)
+    with snd:
+        rate = int(snd.samplerate)
+        declared = _wav_declared_frames(f) if snd.format == "WAV" else None
+        header = declared if declared is not None else (snd.frames if snd.frames > 0 else None)
+        blocks: list[np.ndarray] = []
+        stopped = None
+        while True:
+            try:
+                # float32 like librosa.load, which is what the official pipeline reads files with.
+                with _native_stderr(notes):
+                    block = snd.read(_DECODE_BLOCK, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as e:
+                stopped = _one_line(getattr(e, "error_string", None) or str(e)).strip(" .:")
+                break
+            if len(block) == 0:
+                break
+            blocks.append(block)
+    if not blocks and stopped is not None:
+        raise _DecodeFailed(stopped)
+    data = np.concatenate(blocks) if blocks else np.zeros((0, max(1, snd.channels)), np.float32)
+    return data, rate, header, stopped
+
+
+class _DecodeFailed(Exception):
+    """The decoder produced nothing; the message is its reason."""
+
+
+def _ffprobe_seconds(path: str) -> float | None:
+    """The container's duration (ffprobe, when installed), or None."""
+    ffprobe = shutil.which("ffprobe")
+    if ffprobe is None:
+        return None
+    cmd = [ffprobe, "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0"]
+    try:
+        out = subprocess.run([*cmd, "file:" + os.path.abspath(path)], capture_output=True, timeout=60)
+        seconds = float(out.stdout.decode().strip() or "nan")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def _decode_ffmpeg(path: str, ffmpeg: str) -> tuple[np.ndarray, int, str | None]:
     """Decode the first audio stream at its native rate and channel count.
 
     Mixing and resampling stay with prepare_audio: ffmpeg's own `-ac 1` sums stereo at 1/sqrt(2) per
     channel (3 dB louder than the official mean) and its resampler is not soxr. Sun AU output gives
-    the rate and channel count in a fixed header; float samples avoid int16 rounding.
+    the rate and channel count in a fixed header; float samples avoid int16 rounding. Returns the
+    samples, the rate, and ffmpeg's complaint when it stopped early with some audio decoded.
     """
     # "file:" stops ffmpeg from reading a ':' in the name as a protocol.
-    cmd = [
-        ffmpeg,
-        "-nostdin",
-        "-v",
-        "error",
-        "-i",
-        "file:" + os.path.abspath(path),
-        "-map",
-        "0:a:0",
-        "-c:a",
-        "pcm_f32be",
-        "-f",
-        "au",
-        "-",
-    ]
+    cmd = [ffmpeg, "-nostdin", "-v", "error", "-i", "file:" + os.path.abspath(path)]
+    cmd += ["-map", "0:a:0", "-c:a", "pcm_f32be", "-f", "au", "-"]
     try:
         proc = subprocess.run(cmd, capture_output=True, check=False)
     except OSError as e:
         raise AudioError(path, f"could not run ffmpeg ({_one_line(str(e))})") from None
-    if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace")
+    err = proc.stderr.decode("utf-8", "replace").replace("file:" + os.path.abspath(path) + ": ", "")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    complaint = _one_line(lines[-1]).rstrip(".") if lines else f"exit status {proc.returncode}"
+    out = proc.stdout
+    has_audio = len(out) >= 24 and out[:4] == b".snd"
+    if proc.returncode != 0 and (not has_audio or len(out) <= struct.unpack(">I", out[4:8])[0]):
         if "matches no streams" in err:
             raise AudioError(path, "contains no audio stream")
-        # ffmpeg prefixes its messages with the input URL; the path is already named.
-        err = err.replace("file:" + os.path.abspath(path) + ": ", "")
-        lines = [ln for ln in err.splitlines() if ln.strip()]
-        reason = _one_line(lines[-1]).rstrip(".") if lines else f"exit status {proc.returncode}"
-        if "Invalid data found" in reason:
-            raise AudioError(path, f"not an audio file ({reason})")
-        raise AudioError(path, f"ffmpeg could not decode the file ({reason})")
-    out = proc.stdout
-    if len(out) < 24 or out[:4] != b".snd":
+        if "Invalid data found" in complaint:
+            raise AudioError(path, f"not an audio file ({complaint})")
+        raise AudioError(path, f"ffmpeg could not decode the file ({complaint})")
+    if not has_audio:
         raise AudioError(path, "ffmpeg produced no audio")
     offset, _, encoding, rate, channels = struct.unpack(">5I", out[4:24])
     if encoding != _AU_FLOAT32 or rate == 0 or channels == 0 or offset < 24:
@@ -137,49 +274,122 @@ def _decode_ffmpeg(path: str, ffmpeg: str) -> tuple[np.ndarray, int]:
     # Whole frames only; a torn tail would shift every channel after it.
     n_frames = (len(out) - offset) // (4 * channels)
     data = np.frombuffer(out, dtype=">f4", count=n_frames * channels, offset=offset)
-    return data.astype(np.float32).reshape(n_frames, channels), int(rate)
+    stopped = complaint if proc.returncode != 0 else None
+    return data.astype(np.float32).reshape(n_frames, channels), int(rate), stopped
 
 
-def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
+def _decoder_note(notes: list[str]) -> str:
+    return f" (decoder: {notes[0]})" if notes else ""
+
+
+def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
     """Read an audio file as float32 mono 16 kHz samples, normalised like the official pipeline.
 
     Formats libsndfile knows go through soundfile; m4a/aac/video containers (and anything soundfile
-    rejects, when ffmpeg is installed) are decoded by an ffmpeg subprocess. Raises AudioError.
+    rejects, when ffmpeg is installed) are decoded by an ffmpeg subprocess. Anything but a regular
+    file is refused before it is opened. A file that decodes to clearly less than its header states
+    is returned with a warning (and `truncated`). Raises AudioError.
     """
     path = os.fspath(path)
-    _check_readable(path)
     ext = _extension(path)
     ffmpeg = shutil.which("ffmpeg")
+    notes: list[str] = []
+    warnings: list[str] = []
+    header_frames: int | None = None
+    header_seconds: float | None = None
+    stopped: str | None = None
+    damaged: str | None = None
+    with _open_regular(path) as f:
+        if ext in _FFMPEG_EXTENSIONS:
+            if ffmpeg is None:
+                raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}")
+            audio, sr, stopped = _decode_ffmpeg(path, ffmpeg)
+            header_seconds = _ffprobe_seconds(path)
+        else:
+            try:
+                audio, sr, header_frames, stopped = _decode_soundfile(f, path, notes)
+            except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
+                # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
+                reason = _one_line(getattr(e, "error_string", None) or str(e)).rstrip(".")
+                if "does not exist or is not a regular file" in reason:
+                    # libsndfile's message when its mp3 decoder finds no frames; the file was checked above.
+                    reason = "no audio frames found"
+                if ffmpeg is not None:
+                    try:
+                        audio, sr, stopped = _decode_ffmpeg(path, ffmpeg)
+                    except AudioError:
+                        raise AudioError(
+                            path, f"not an audio file ({reason}){_decoder_note(notes)}"
+                        ) from None
+                    header_seconds = _ffprobe_seconds(path)
+                    notes.clear()
+                elif ext and ext not in _SOUNDFILE_EXTENSIONS:
+                    raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}") from None
+                else:
+                    raise AudioError(path, f"not an audio file ({reason}){_decoder_note(notes)}") from None
 
-    if ext in _FFMPEG_EXTENSIONS:
-        if ffmpeg is None:
-            raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}")
-        audio, sr = _decode_ffmpeg(path, ffmpeg)
-    else:
-        try:
-            audio, sr = _decode_soundfile(path)
-        except (sf.LibsndfileError, RuntimeError, ValueError) as e:
-            # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
-            reason = _one_line(getattr(e, "error_string", None) or str(e)).rstrip(".")
-            if "does not exist or is not a regular file" in reason:
-                # libsndfile's message when its mp3 decoder finds no frames; the file was checked above.
-                reason = "no audio frames found"
-            if ffmpeg is not None:
-                try:
-                    audio, sr = _decode_ffmpeg(path, ffmpeg)
-                except AudioError:
-                    raise AudioError(path, f"not an audio file ({reason})") from None
-            elif ext and ext not in _SOUNDFILE_EXTENSIONS:
-                raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}") from None
-            else:
-                raise AudioError(path, f"not an audio file ({reason})") from None
+        if stopped is not None and ffmpeg is not None and ext not in _FFMPEG_EXTENSIONS:
+            # libsndfile gives up at damaged data; ffmpeg resynchronises past it.
+            try:
+                again, again_sr, again_stopped = _decode_ffmpeg(path, ffmpeg)
+            except AudioError:
+                again = None
+            if again is not None and again.shape[0] / again_sr > audio.shape[0] / sr + TRUNCATION_SECONDS:
+                skipped_at = audio.shape[0] / sr
+                damaged = f"damaged audio data at {skipped_at:.1f} s ({stopped}); decoded past it with ffmpeg"
+                audio, sr, stopped = again, again_sr, again_stopped
+                notes.clear()
 
     if audio.shape[0] == 0:
         raise AudioError(path, "contains no audio samples")
+    seconds = audio.shape[0] / sr
+    if header_frames is not None:
+        header_seconds = header_frames / sr
     try:
-        return prepare_audio(audio, sr)
+        samples = prepare_audio(audio, sr)
     except ValueError as e:
         raise AudioError(path, _one_line(str(e))) from None
+    decoded = DecodedAudio(samples, seconds, header_seconds, warnings)
+    if decoded.truncated:
+        how = f" ({stopped})" if stopped else ""
+        warnings.append(
+            f"decoded {seconds:.1f} s of the {header_seconds:.1f} s its header states; "
+            f"the file looks truncated{how}"
+        )
+    elif damaged:
+        warnings.append(damaged)
+    elif stopped:
+        warnings.append(f"decoding stopped early at {seconds:.1f} s ({stopped})")
+    elif any("Illegal Audio-MPEG-Header" in n or "resync" in n.lower() or "Skipped" in n for n in notes):
+        warnings.append(f"damaged audio frames were skipped{_decoder_note(notes)}")
+    return decoded
+
+
+def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
+    """read_audio's samples: float32 mono 16 kHz, normalised like the official pipeline."""
+    return read_audio(path).samples
+
+
+def probe_seconds(path: str | os.PathLike[str]) -> float | None:
+    """The duration a libsndfile-readable file's header states, read without decoding; None when that
+    is unknown or the path is not a regular file (which is never opened). Decoder chatter is held back."""
+    path = os.fspath(path)
+    try:
+        f = _open_regular(path)
+    except AudioError:
+        return None
+    notes: list[str] = []
+    with f:
+        try:
+            with _native_stderr(notes):
+                info = sf.info(f)
+        except Exception:  # any format or I/O problem just means "unknown"
+            return None
+        declared = _wav_declared_frames(f) if info.format == "WAV" else None
+    frames = declared if declared is not None else info.frames
+    if info.samplerate > 0 and frames > 0:
+        return frames / info.samplerate
+    return None
 
 
 def _to_float(audio: np.ndarray) -> np.ndarray:

@@ -24,6 +24,10 @@ class Transcription:
     segments: list[Segment] = field(default_factory=list)
     duration: float = 0.0
     source: str | None = None
+    # Problems found in the audio itself, one line each (e.g. a file that decodes to less than its
+    # header states), and that stated length when the decoded one falls short of it.
+    warnings: list[str] = field(default_factory=list)
+    header_duration: float | None = None
 
     @property
     def truncated(self) -> bool:
@@ -32,6 +36,11 @@ class Transcription:
     @property
     def repetitive(self) -> bool:
         return any(s.repetitive for s in self.segments)
+
+    @property
+    def audio_truncated(self) -> bool:
+        """The file decoded to clearly less audio than its header states."""
+        return self.header_duration is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

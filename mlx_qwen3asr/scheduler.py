@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
-from .audio import SAMPLE_RATE, load_audio, log_mel_spectrogram, prepare_audio
+from .audio import SAMPLE_RATE, DecodedAudio, log_mel_spectrogram, prepare_audio, read_audio
 from .generate import greedy_generate_batch, token_budget
 from .loading import ASRModel, require_kind
 from .model import encoder_batch
@@ -41,15 +41,19 @@ MEMORY_FRACTION = 0.25
 AudioInput = str | os.PathLike | np.ndarray | tuple
 
 
-def load_input(audio: AudioInput) -> tuple[np.ndarray, str | None]:
+def load_input(audio: AudioInput) -> tuple[DecodedAudio, str | None]:
     """A mono 16 kHz float32 waveform from a path, a 16 kHz array or `(array, sample_rate)`."""
     if isinstance(audio, (str, os.PathLike)):
-        return load_audio(audio), str(audio)
+        return read_audio(audio), str(audio)
     if isinstance(audio, tuple) and len(audio) == 2:
         array, rate = audio
-        return prepare_audio(np.asarray(array), int(rate)), None
-    if isinstance(audio, (np.ndarray, mx.array)):
-        return prepare_audio(np.asarray(audio), SAMPLE_RATE), None
+        samples = prepare_audio(np.asarray(array), int(rate))
+    elif isinstance(audio, (np.ndarray, mx.array)):
+        samples = prepare_audio(np.asarray(audio), SAMPLE_RATE)
+    else:
+        samples = None
+    if samples is not None:
+        return DecodedAudio(samples, samples.size / SAMPLE_RATE), None
     raise TypeError(
         f"unsupported audio input {type(audio).__name__}: give a path, an array, or (array, rate)"
     )
@@ -124,6 +128,8 @@ class PreparedInput:
     spans: list[Span]
     mels: list[np.ndarray]
     skipped: bool = False  # the `skip` predicate held: nothing is sent to the model
+    warnings: list[str] = field(default_factory=list)  # what decoding found wrong with the file
+    header_seconds: float | None = None  # the length its header states, when decoding fell short
 
 
 def prepare_input(
@@ -132,11 +138,13 @@ def prepare_input(
     max_segment_seconds: float,
     skip: Callable[[np.ndarray], bool] | None = None,
 ) -> PreparedInput:
-    wav, source = load_input(audio)
+    decoded, source = load_input(audio)
+    wav = decoded.samples
     skipped = skip is not None and skip(wav)
     spans = [] if skipped else split_on_silence(wav, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
     mels = [log_mel_spectrogram(segment_audio(wav, s, sample_rate=SAMPLE_RATE)) for s in spans]
-    return PreparedInput(index, source, wav, spans, mels, skipped)
+    header = decoded.header_seconds if decoded.truncated else None
+    return PreparedInput(index, source, wav, spans, mels, skipped, list(decoded.warnings), header)
 
 
 @dataclass
@@ -235,6 +243,8 @@ def _assemble(prepared: PreparedInput, segments: list[Segment], language: str | 
         segments=segments,
         duration=len(prepared.wav) / SAMPLE_RATE,
         source=prepared.source,
+        warnings=list(prepared.warnings),
+        header_duration=prepared.header_seconds,
     )
 
 

@@ -87,3 +87,19 @@ def test_silence_gives_a_result_without_crashing(model):
     result = mlx_qwen3asr.transcribe(model, np.zeros(16000 * 2, dtype=np.float32))
     assert len(result.segments) == 1
     assert isinstance(result.text, str)
+
+
+def test_a_truncated_file_is_transcribed_in_part_and_says_so(model, tmp_path):
+    wav = test_signal(20.0, seed=9)
+    full = tmp_path / "full.wav"
+    sf.write(full, wav, 16000)
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(full.read_bytes()[:200_000])  # 16-bit mono: about 6.2 s of the 20 s
+    result = mlx_qwen3asr.transcribe(model, str(cut))
+    assert result.duration == pytest.approx(6.25, abs=0.05)
+    assert result.header_duration == pytest.approx(20.0) and result.audio_truncated
+    assert result.warnings == [
+        f"decoded {result.duration:.1f} s of the 20.0 s its header states; the file looks truncated"
+    ]
+    whole = mlx_qwen3asr.transcribe(model, str(full))
+    assert whole.warnings == [] and whole.header_duration is None and not whole.audio_truncated
