@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import signal
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,10 +37,13 @@ from mlx_qwen3asr.batch import (
     Job,
     TranscribeOptions,
     estimate_duration,
+    existing_outputs,
     find_inputs,
     is_silent,
-    is_up_to_date,
+    outputs_older_than_input,
     plan_jobs,
+    prepare_output_folder,
+    remove_stale_temporaries,
     write_outputs,
 )
 from mlx_qwen3asr.loading import DTYPES, load, require_kind
@@ -61,11 +67,20 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
+# Limits of the numeric options. A segment must hold at least one 100-frame (1 s) mel chunk; at
+# 1200 s (the official pipeline's longest input) its audio tokens and token budget still fit well
+# inside the decoder's 65536 positions.
+SEGMENT_SECONDS_RANGE = (1.0, 1200.0)
+CUE_SECONDS_RANGE = (CueOptions.min_duration, 3600.0)
+LINE_WIDTH_RANGE = (10, 1000)
+LINE_COUNT_RANGE = (1, 20)
+BATCH_SIZE_RANGE = (1, 256)
+
 DESCRIPTION = """\
 Transcribe audio and video files with Qwen3-ASR on MLX. Folders are searched recursively
 (hidden files skipped). Each output goes beside its input, named like the input without its
 extension ("talk.m4a" -> "talk.srt"), or under --output-dir mirroring the folder tree.
-Files whose outputs are all newer than the input are skipped, so an interrupted run resumes."""
+Files whose outputs all exist are skipped, so an interrupted run resumes."""
 
 EPILOG = f"""\
 examples:
@@ -73,13 +88,20 @@ examples:
   mlxasr talk.m4a interview.wav -f srt,vtt,json -o subtitles/
   mlxasr ./lectures --txt --language en --context-file names.txt
 
+existing outputs:
+  An existing output file is never replaced unless --overwrite is given. A file whose requested
+  outputs all exist is skipped (said so if the input is newer than them); one with some of them
+  missing is transcribed and only the missing ones are written, the others are kept and named.
+  An output that appears while its file is being transcribed is kept too.
+
 exit status:
-  {EXIT_OK}    every file was transcribed, or skipped because its outputs are up to date
-  {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, output not
-       writable); the other files were still processed, the summary lists the failures
+  {EXIT_OK}    every file was transcribed, or skipped because its outputs exist
+  {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, FIFO or device,
+       output folder not writable); the other files were still processed, the summary lists the
+       failures
   {EXIT_USAGE}    usage error (bad option, unknown --language, unreadable --context-file, none of
-       the PATHs exists), the model could not be loaded, or it is a forced aligner rather than a
-       speech recognition model; nothing is written
+       the PATHs exists), no output folder can be written, the model could not be loaded, or it
+       is a forced aligner rather than a speech recognition model; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
        are left, and rerunning resumes ({EXIT_TERMINATED} for SIGTERM)
 
@@ -91,7 +113,16 @@ class _Terminated(BaseException):
     """SIGTERM, turned into an exception so that the same cleanup as for Ctrl-C runs."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop(signum: int, frame: object) -> None:
+    """The first Ctrl-C or SIGTERM stops the run; those that follow (a key held down, a storm of
+    signals) are ignored while the run cleans up and prints its summary."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise _Terminated()
 
 
@@ -101,13 +132,12 @@ def _signal_handlers() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    old = {sig: signal.signal(sig, _stop) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 # --- arguments ----------------------------------------------------------------------------------
@@ -125,24 +155,38 @@ def _format_list(value: str) -> list[str]:
     return names
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+def _int_in(limits: tuple[int, int]):
+    low, high = limits
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {n}")
+        return n
+
+    return parse
 
 
-def _positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not (x > 0 and x != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
-    return x
+def _seconds_in(limits: tuple[float, float]):
+    low, high = limits
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if not (math.isfinite(x) and low <= x <= high):
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} seconds, got {value}")
+        return x
+
+    return parse
+
+
+def _range(limits: tuple[float, float]) -> str:
+    return f"{limits[0]:g} to {limits[1]:g}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write outputs under DIR, mirroring the tree below each folder argument (default: beside inputs)",
     )
     out.add_argument(
-        "--overwrite", action="store_true", help="transcribe again even if the outputs are up to date"
+        "--overwrite",
+        action="store_true",
+        help="transcribe every file and replace its existing outputs (without it, existing outputs are kept)",
     )
     out.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
 
@@ -209,43 +255,46 @@ def build_parser() -> argparse.ArgumentParser:
     ctx.add_argument("--context-file", type=Path, metavar="F", help="read the --context text from a file")
     rec.add_argument(
         "--max-segment-seconds",
-        type=_positive_float,
+        type=_seconds_in(SEGMENT_SECONDS_RANGE),
         default=DEFAULT_MAX_SEGMENT_SECONDS,
         metavar="S",
         help=f"longest piece of audio given to the model at once, cut at the quietest point "
-        f"(default: {DEFAULT_MAX_SEGMENT_SECONDS:g})",
+        f"({_range(SEGMENT_SECONDS_RANGE)}; default: {DEFAULT_MAX_SEGMENT_SECONDS:g})",
     )
     rec.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=_int_in(BATCH_SIZE_RANGE),
         default=None,
         metavar="N",
-        help="segments decoded together, from one long file or from several files (default: as many "
-        f"as a quarter of the free memory holds KV caches for, at most {MAX_BATCH}); lower it if memory is short",
+        help=f"segments decoded together, from one long file or from several files ({_range(BATCH_SIZE_RANGE)}; "
+        "default: as many as a quarter of the free memory holds KV caches for, at most "
+        f"{MAX_BATCH}); lower it if memory is short",
     )
 
     cues = p.add_argument_group("subtitle cues")
     defaults = CueOptions()
     cues.add_argument(
         "--max-line-width",
-        type=_positive_int,
+        type=_int_in(LINE_WIDTH_RANGE),
         default=defaults.max_width,
         metavar="N",
-        help=f"display cells per line; CJK characters count two (default: {defaults.max_width})",
+        help=f"display cells per line; CJK characters count two ({_range(LINE_WIDTH_RANGE)}; "
+        f"default: {defaults.max_width})",
     )
     cues.add_argument(
         "--max-line-count",
-        type=_positive_int,
+        type=_int_in(LINE_COUNT_RANGE),
         default=defaults.max_lines,
         metavar="N",
-        help=f"lines per cue (default: {defaults.max_lines})",
+        help=f"lines per cue ({_range(LINE_COUNT_RANGE)}; default: {defaults.max_lines})",
     )
     cues.add_argument(
         "--max-cue-seconds",
-        type=_positive_float,
+        type=_seconds_in(CUE_SECONDS_RANGE),
         default=defaults.max_duration,
         metavar="S",
-        help=f"longest time a cue stays on screen, where the text can be split (default: {defaults.max_duration:g})",
+        help=f"longest time a cue stays on screen, where the text can be split ({_range(CUE_SECONDS_RANGE)}; "
+        f"default: {defaults.max_duration:g})",
     )
 
     talk = p.add_mutually_exclusive_group()
@@ -267,9 +316,29 @@ def _formats(args: argparse.Namespace) -> list[str]:
 # --- output ---------------------------------------------------------------------------------------
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Bidirectional overrides and isolates reorder the text around them on a terminal.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if 0xDC80 <= code <= 0xDCFF:  # a byte of a file name that is not valid UTF-8
+        return f"\\x{code - 0xDC00:02x}"
+    if ch in _BIDI_CONTROLS or unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return ch
+
+
 def _printable(text: str) -> str:
-    # File names that are not valid UTF-8 carry surrogate escapes, which no stream can encode.
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """text with control characters (newline, tab, ESC, ...), line separators, bidirectional controls
+    and the undecodable bytes of file names written as escapes (\\n, \\t, \\x1b, \\xe9), so that a
+    message stays one line and cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) for ch in text)
 
 
 def _one_line(text: str) -> str:
@@ -289,6 +358,8 @@ class Summary:
     done: int = 0
     skipped: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    kept: int = 0  # existing outputs left as they were
+    warned: int = 0  # transcribed files with warnings
     audio_seconds: float = 0.0
     work_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -342,7 +413,7 @@ class Reporter:
             self.write(self.out, line)
 
     def _problem(self, kind: str, line: str, style: str) -> None:
-        line = f"{kind}: {_one_line(line)}"
+        line = f"{kind}: {line}"
         if self._progress is not None and self.err.isatty():
             # Same terminal: print above the live bar instead of tearing through it.
             self._progress.console.print(Text(_printable(line), style=style))
@@ -420,10 +491,14 @@ class Reporter:
             table.add_column(style="bold")
             table.add_column(justify="right")
             table.add_row("transcribed", str(s.done))
-            table.add_row("skipped (up to date)", str(s.skipped))
+            table.add_row("skipped (outputs exist)", str(s.skipped))
             table.add_row("failed", str(len(s.failed)), style="red" if s.failed else None)
             if s.interrupted:
                 table.add_row("not finished (interrupted)", str(s.remaining), style="yellow")
+            if s.kept:
+                table.add_row("existing outputs kept", str(s.kept))
+            if s.warned:
+                table.add_row("with warnings", str(s.warned), style="yellow")
             table.add_row("audio", f"{hours:.2f} h ({_seconds(s.audio_seconds)})")
             table.add_row("wall time", _seconds(s.wall_seconds))
             table.add_row("speed", f"{s.speed:.1f}x realtime")
@@ -440,6 +515,10 @@ class Reporter:
         line = f"{state}: {s.done} transcribed, {s.skipped} skipped, {len(s.failed)} failed"
         if s.interrupted:
             line += f", {s.remaining} not finished"
+        if s.kept:
+            line += f", {s.kept} existing output(s) kept"
+        if s.warned:
+            line += f", {s.warned} with warnings"
         line += f"; {hours:.2f} h of audio in {_seconds(s.wall_seconds)} wall time ({s.speed:.1f}x realtime)"
         self.write(self.out, line)
         for path, reason in s.failed:
@@ -462,6 +541,85 @@ def _write_error(e: OSError) -> str:
     return f"cannot write output{where} ({(e.strerror or str(e)).lower()})"
 
 
+@dataclass
+class _Plan:
+    """What a run does with one input, decided before the model is loaded."""
+
+    job: Job
+    keep: list[Path]  # existing outputs, left as they are
+    skip: bool = False  # every requested output exists: not transcribed
+    stale: bool = False  # skipped although the input changed after some of its outputs
+
+
+def _plan(job: Job, overwrite: bool) -> _Plan:
+    if overwrite:
+        return _Plan(job, [])
+    keep = [job.outputs[fmt] for fmt in existing_outputs(job)]
+    skip = len(keep) == len(job.outputs)
+    return _Plan(job, keep, skip, skip and outputs_older_than_input(job))
+
+
+def _paths(paths: Sequence[Path]) -> str:
+    return ", ".join(str(p) for p in paths)
+
+
+def _use_overwrite(paths: Sequence[Path]) -> str:
+    return f"use --overwrite to replace {'it' if len(paths) == 1 else 'them'}"
+
+
+def _dry_run(plans: list[_Plan], input_errors: int, report: Reporter, out: TextIO) -> int:
+    kept = 0
+    for plan in plans:
+        job = plan.job
+        if plan.skip:
+            why = "outputs exist but are older than it; use --overwrite" if plan.stale else "outputs exist"
+            report.write(out, f"skip ({why}): {job.path} -> {_paths(list(job.outputs.values()))}")
+            continue
+        line = f"transcribe: {job.path} -> {_paths([p for p in job.outputs.values() if p not in plan.keep])}"
+        if plan.keep:
+            kept += len(plan.keep)
+            line += f"; keeping existing {_paths(plan.keep)} ({_use_overwrite(plan.keep)})"
+        report.write(out, line)
+    todo = sum(not plan.skip for plan in plans)
+    line = f"dry run: {todo} to transcribe, {len(plans) - todo} skipped, {input_errors} failed"
+    if kept:
+        line += f", {kept} existing output(s) kept"
+    report.write(out, line)
+    return EXIT_FAILED if input_errors else EXIT_OK
+
+
+def _prepare_folders(
+    todo: list[Job], report: Reporter, summary: Summary, created: list[Path]
+) -> tuple[list[Job], bool]:
+    """Create and probe every folder the files to transcribe will be written to, and clean our stale
+    temporary files out of them. Files whose folder cannot be written fail here, before the model is
+    loaded. Returns the files left, and whether any folder could be written at all."""
+    problems: dict[Path, str] = {}
+    for folder in dict.fromkeys(p.parent for job in todo for p in job.outputs.values()):
+        reason = prepare_output_folder(folder, created)
+        if reason is not None:
+            problems[folder] = reason
+            continue
+        for stale in remove_stale_temporaries(folder):
+            report.info(f"removed {stale}, a temporary file left by an interrupted run")
+    ready = []
+    for job in todo:
+        reason = next((problems[p.parent] for p in job.outputs.values() if p.parent in problems), None)
+        if reason is None:
+            ready.append(job)
+        else:
+            summary.failed.append((str(job.path), reason))
+            report.error(f"{job.path}: {reason}")
+    return ready, len(problems) < len(dict.fromkeys(p.parent for job in todo for p in job.outputs.values()))
+
+
+def _remove_created(created: list[Path]) -> None:
+    # Folders this run made and nothing was written to (the run stopped before any output).
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     started = time.monotonic()
     # Checks that need neither the model nor any audio come first.
@@ -475,15 +633,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
             context = args.context_file.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as e:
             reason = getattr(e, "strerror", None) or str(e)
-            parser.error(f"argument --context-file: {args.context_file}: {reason}")
+            parser.error(f"argument --context-file: {_printable(str(args.context_file))}: {reason}")
     if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
-        parser.error(f"argument -o/--output-dir: {args.output_dir} is not a folder")
+        parser.error(f"argument -o/--output-dir: {_printable(str(args.output_dir))} is not a folder")
     formats = _formats(args)
     cue_options = CueOptions(
         max_width=args.max_line_width,
         max_lines=args.max_line_count,
         max_duration=args.max_cue_seconds,
-        min_duration=min(CueOptions.min_duration, args.max_cue_seconds),
     )
     options = TranscribeOptions(
         language=language,
@@ -498,35 +655,36 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
     for problem in input_errors:
         report.error(str(problem))
         summary.failed.append((problem.path, problem.reason))
-    if not any(os.path.exists(p) for p in args.paths):
+    if not any(os.path.lexists(p) for p in args.paths):
         return EXIT_USAGE
     if not inputs:
         report.warning("no audio or video files found in " + ", ".join(map(str, args.paths)))
 
-    jobs = plan_jobs(inputs, formats, args.output_dir)
-    needed = [args.overwrite or not is_up_to_date(j) for j in jobs]
-    todo = [j for j, n in zip(jobs, needed) if n]
-    skipped = [j for j, n in zip(jobs, needed) if not n]
-    summary.skipped = len(skipped)
-
+    plans = [_plan(job, args.overwrite) for job in plan_jobs(inputs, formats, args.output_dir)]
     if args.dry_run:
-        for job, need in zip(jobs, needed):
-            outputs = ", ".join(str(p) for p in job.outputs.values())
-            verb = "transcribe" if need else "skip (up to date)"
-            report.write(out, _printable(f"{verb}: {job.path} -> {outputs}"))
-        report.write(
-            out, f"dry run: {len(todo)} to transcribe, {len(skipped)} up to date, {len(input_errors)} failed"
-        )
-        return EXIT_FAILED if input_errors else EXIT_OK
+        return _dry_run(plans, len(input_errors), report, out)
 
+    todo = [plan.job for plan in plans if not plan.skip]
+    skipped = [plan for plan in plans if plan.skip]
+    summary.skipped = len(skipped)
     if skipped:
-        report.info(f"skipping {len(skipped)} file(s) whose outputs are up to date (--overwrite redoes them)")
-        if args.verbose:
-            for job in skipped:
-                report.info(f"  skipped {job.path}")
+        report.info(f"skipping {len(skipped)} file(s) whose outputs exist (--overwrite replaces them)")
+        for plan in skipped:
+            if plan.stale:
+                report.info(
+                    f"skipped {plan.job.path}: its outputs exist but are older than it; use --overwrite"
+                )
+            elif args.verbose:
+                report.info(f"  skipped {plan.job.path}")
 
     status = EXIT_OK
     if todo:
+        created: list[Path] = []
+        todo, writable = _prepare_folders(todo, report, summary, created)
+        if not writable:
+            _remove_created(created)
+            report.error("no output folder can be written; nothing was transcribed")
+            return EXIT_USAGE
         try:
             status = _transcribe_all(todo, args, options, report, summary)
         except KeyboardInterrupt:
@@ -536,6 +694,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
         finally:
             report.stop()
         if status == EXIT_USAGE:
+            _remove_created(created)
             return status
     summary.interrupted = status in (EXIT_INTERRUPTED, EXIT_TERMINATED)
     summary.remaining = len(todo) - summary.processed
@@ -578,7 +737,7 @@ def _transcribe_all(
     try:
         for res in stream:
             job = todo[res.index]
-            reason = _finish_one(job, res, args, options, report)
+            reason = _finish_one(job, res, args, options, report, summary)
             summary.processed += 1
             seconds = None if reason is not None else res.transcription.duration
             report.file_finished(summary.processed, len(todo), estimates[res.index], seconds)
@@ -604,45 +763,65 @@ def _failure(e: BaseException) -> str:
 
 
 def _finish_one(
-    job: Job, res: InputResult, args: argparse.Namespace, options: TranscribeOptions, report: Reporter
+    job: Job,
+    res: InputResult,
+    args: argparse.Namespace,
+    options: TranscribeOptions,
+    report: Reporter,
+    summary: Summary,
 ) -> str | None:
     """Write one transcribed file's outputs; returns why the file failed, or None."""
     if res.error is not None:
         return _failure(res.error)
     try:
         written = write_outputs(
-            job, res.transcription, res.wav, options, model_name=args.model, silent=res.skipped
+            job,
+            res.transcription,
+            res.wav,
+            options,
+            model_name=args.model,
+            silent=res.skipped,
+            overwrite=args.overwrite,
         )
     except Exception as e:  # a failure in one file must not end the batch
         return _failure(e)
+    if written.kept:
+        summary.kept += len(written.kept)
+        report.info(f"kept existing {_paths(written.kept)} ({_use_overwrite(written.kept)})")
+    warnings = []
     if written.silent:
-        report.warning(f"{job.path}: silent audio, nothing to transcribe; the outputs are empty")
+        warnings.append("silent audio, nothing to transcribe; the outputs are empty")
     flagged = [s for s in written.transcription.segments if s.truncated or s.repetitive]
     if flagged:
-        report.warning(
-            f"{job.path}: {len(flagged)} segment(s) ran into a loop or the token limit; "
+        warnings.append(
+            f"{len(flagged)} segment(s) ran into a loop or the token limit; "
             "their text may be incomplete (flagged in JSON output)"
         )
-    if args.verbose:
-        report.info("  wrote " + ", ".join(str(p) for p in job.outputs.values()))
+    # What decoding noticed about the file (e.g. audio shorter than its header states).
+    warnings.extend(str(w) for w in getattr(res.transcription, "warnings", None) or [])
+    for warning in warnings:
+        report.warning(f"{job.path}: {warning}")
+    summary.warned += bool(warnings)
+    if args.verbose and written.written:
+        report.info("  wrote " + _paths(written.written))
     return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run mlxasr with the given arguments (default: sys.argv[1:]); returns the exit status."""
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        with _signal_handlers():
+    with _signal_handlers():
+        try:
+            args = parser.parse_args(argv)
             return _run(parser, args, sys.stdout, sys.stderr)
-    except SystemExit as e:  # argparse's usage errors, --help and --version
-        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
-    except KeyboardInterrupt:  # before any file was being transcribed, e.g. while walking folders
-        print("mlxasr: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except _Terminated:
-        print("mlxasr: terminated", file=sys.stderr)
-        return EXIT_TERMINATED
+        except SystemExit as e:  # argparse's usage errors, --help and --version
+            return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
+        except KeyboardInterrupt:  # before any file was being transcribed, e.g. while walking folders
+            print("mlxasr: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except _Terminated:
+            print("mlxasr: terminated", file=sys.stderr)
+            return EXIT_TERMINATED
 
 
 def entry() -> None:

@@ -5,6 +5,7 @@ The pieces are independent of any user interface; the `mlxasr` command drives th
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -19,7 +20,7 @@ from .audio import AUDIO_EXTENSIONS, SAMPLE_RATE
 from .result import Transcription
 from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS
 from .subtitles import Cue, CueOptions, build_cues
-from .writers import FORMATS, atomic_write_files, render
+from .writers import FORMATS, atomic_write_files, probe_folder, remove_stale_temporaries, render
 
 __all__ = [
     "InputError",
@@ -28,13 +29,18 @@ __all__ = [
     "JobResult",
     "TranscribeOptions",
     "estimate_duration",
+    "existing_outputs",
+    "file_kind",
     "find_inputs",
     "is_audio_name",
     "is_silent",
     "is_up_to_date",
+    "outputs_older_than_input",
     "output_stem",
     "plan_jobs",
+    "prepare_output_folder",
     "probe_duration",
+    "remove_stale_temporaries",
     "write_outputs",
 ]
 
@@ -75,7 +81,37 @@ def _reason(e: OSError) -> str:
         return "no such file or directory"
     if isinstance(e, PermissionError):
         return "permission denied"
+    if e.errno == errno.ELOOP:
+        return "symbolic link loop"
     return (e.strerror or str(e)).lower()
+
+
+def _stat_reason(path: str | os.PathLike[str], e: OSError) -> str:
+    """Why stat failed: a symbolic link loop and a link to nothing are told apart."""
+    if e.errno == errno.ELOOP:
+        return "symbolic link loop"
+    if isinstance(e, FileNotFoundError) and os.path.islink(path):
+        return "broken symbolic link"
+    return _reason(e)
+
+
+def file_kind(mode: int) -> str | None:
+    """What a file that is neither a regular file nor a folder is ("a FIFO"); None for those two."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def _not_regular(mode: int) -> str:
+    return f"is {file_kind(mode)}, not a regular file"
 
 
 class _Finder:
@@ -120,26 +156,31 @@ class _Finder:
                 try:
                     st = entry.stat()
                 except OSError as e:
-                    reason = "broken symbolic link" if entry.is_symlink() else _reason(e)
-                    self.errors.append(InputError(str(path), reason))
+                    self.errors.append(InputError(str(path), _stat_reason(path, e)))
                     continue
                 if stat.S_ISREG(st.st_mode):
                     self.add_file(path, st, root)
+                else:
+                    # A FIFO would block whoever opens it; devices and sockets are no recordings.
+                    self.errors.append(InputError(str(path), _not_regular(st.st_mode)))
 
     def add_argument(self, arg: str | os.PathLike[str]) -> None:
         path = Path(arg)
         try:
             st = os.stat(path)
         except OSError as e:
-            self.errors.append(InputError(os.fspath(arg), _reason(e)))
+            self.errors.append(InputError(os.fspath(arg), _stat_reason(path, e)))
             return
         if stat.S_ISDIR(st.st_mode):
             if (st.st_dev, st.st_ino) not in self.seen_dirs:
                 self.seen_dirs.add((st.st_dev, st.st_ino))
                 self.walk(path, path)
-        else:
+        elif stat.S_ISREG(st.st_mode):
             # Named explicitly: attempted whatever its extension, and fails cleanly if it is not audio.
             self.add_file(path, st, None)
+        else:
+            # Never opened: reading a FIFO nobody writes to would block the whole run.
+            self.errors.append(InputError(os.fspath(arg), _not_regular(st.st_mode)))
 
 
 def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[InputFile], list[InputError]]:
@@ -148,7 +189,9 @@ def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[InputFile
 
     Hidden files and folders (leading dot) are skipped inside folders; a file reached twice (named
     twice, through a link, inside two arguments) is listed once. Paths that do not exist or cannot be
-    read come back as errors.
+    read come back as errors, and so do FIFOs, sockets and devices named as arguments or carrying an
+    audio extension inside a folder (they are never opened); other files without an audio extension
+    inside folders are passed over.
     """
     finder = _Finder()
     for arg in paths:
@@ -225,6 +268,26 @@ def plan_jobs(
     return jobs
 
 
+def existing_outputs(job: Job) -> list[str]:
+    """The formats of job whose output path is taken (by a file, a folder, a link even if broken)."""
+    return [fmt for fmt, path in job.outputs.items() if os.path.lexists(path)]
+
+
+def outputs_older_than_input(job: Job) -> bool:
+    """Whether some existing output was last modified before (or with) the input."""
+    try:
+        source = os.stat(job.path).st_mtime_ns
+    except OSError:
+        return False
+    for out in job.outputs.values():
+        try:
+            if os.stat(out).st_mtime_ns <= source:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def is_up_to_date(job: Job) -> bool:
     """Whether every output exists and was modified after the input."""
     try:
@@ -242,8 +305,13 @@ def is_up_to_date(job: Job) -> bool:
 
 
 def probe_duration(path: str | os.PathLike[str]) -> float | None:
-    """Duration in seconds from the file header, for formats libsndfile reads; None otherwise."""
+    """Duration in seconds from the file header, for formats libsndfile reads; None otherwise.
+
+    Only regular files are read: a FIFO would block.
+    """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
         info = sf.info(os.fspath(path))
     except Exception:  # any format or I/O problem just means "unknown"
         return None
@@ -258,9 +326,10 @@ def estimate_duration(path: str | os.PathLike[str]) -> float:
     if seconds is not None:
         return seconds
     try:
-        return os.path.getsize(path) / _ASSUMED_BYTES_PER_SECOND
+        st = os.stat(path)
     except OSError:
         return 0.0
+    return st.st_size / _ASSUMED_BYTES_PER_SECOND if stat.S_ISREG(st.st_mode) else 0.0
 
 
 def is_silent(wav: np.ndarray) -> bool:
@@ -293,6 +362,8 @@ class JobResult:
     transcription: Transcription
     cues: list[Cue]
     silent: bool = False
+    written: list[Path] = field(default_factory=list)
+    kept: list[Path] = field(default_factory=list)  # outputs that existed and were left as they are
 
 
 def write_outputs(
@@ -303,18 +374,55 @@ def write_outputs(
     *,
     model_name: str | None = None,
     silent: bool = False,
+    overwrite: bool = True,
 ) -> JobResult:
-    """Write a transcribed file's outputs atomically (all of them, or none on failure).
+    """Write a transcribed file's outputs atomically (each complete, or none on failure).
 
+    overwrite=False: an output that exists, or appears while the others are written, is never
+    replaced; it is listed in JobResult.kept and only the missing outputs are written.
     Raises OSError when an output cannot be written; no output is left half-written.
     """
     result.source = str(job.path)
     cues = build_cues(result.segments, wav, sample_rate=SAMPLE_RATE, options=options.cues)
+    taken = set() if overwrite else set(existing_outputs(job))
     documents = {
         path: render(fmt, result, cues, model=model_name, options=options.to_dict())
         for fmt, path in job.outputs.items()
+        if fmt not in taken
     }
     for folder in {p.parent for p in documents}:
         folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_files(documents)
-    return JobResult(result, cues, silent)
+    raced = atomic_write_files(documents, replace=overwrite)
+    kept = [path for fmt, path in job.outputs.items() if fmt in taken or path in raced]
+    written = [path for path in documents if path not in raced]
+    return JobResult(result, cues, silent, written, kept)
+
+
+def prepare_output_folder(folder: str | os.PathLike[str], created: list[Path] | None = None) -> str | None:
+    """Create an output folder (and its parents) and check that files can be made in it.
+
+    Returns None when it is ready, else why not, as a phrase ("cannot write output in out (read-only
+    file system)"). Folders this made are appended to created, parents first.
+    """
+    folder = Path(folder)
+    missing = []
+    probe = folder
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        return f"cannot create output folder {folder} (a file is in the way)"
+    except OSError as e:
+        return f"cannot create output folder {folder} ({_reason(e)})"
+    finally:
+        if created is not None:
+            created.extend(p for p in reversed(missing) if p.is_dir())
+    try:
+        probe_folder(folder)
+    except NotADirectoryError:
+        return f"cannot create output folder {folder} (a file is in the way)"
+    except OSError as e:
+        return f"cannot write output in {folder} ({_reason(e)})"
+    return None

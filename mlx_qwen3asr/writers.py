@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
+import secrets
 import signal
-import tempfile
+import stat
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -18,18 +22,44 @@ from .transcribe import Transcription
 
 __all__ = [
     "FORMATS",
+    "TEMP_PATTERN",
     "atomic_write_files",
     "atomic_write_text",
+    "probe_folder",
     "render",
     "render_json",
     "render_srt",
     "render_txt",
     "render_vtt",
+    "remove_stale_temporaries",
+    "temp_name",
 ]
 
 FORMATS: tuple[str, ...] = ("txt", "srt", "vtt", "json")
-# Temporary files start with a dot so folder walks and file browsers pass over them.
+# Temporary files are named ".<target name>.mlxasr-<pid>-<random>.tmp": the leading dot keeps folder
+# walks and file browsers off them, the rest tells ours apart from anyone else's and names the process
+# that writes them, so that one left by a killed run can be recognised and removed (see
+# remove_stale_temporaries).
 TEMP_SUFFIX = ".tmp"
+TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<token>[0-9a-z]+)\.tmp", re.S)
+# A temporary file lives for the seconds between writing and renaming it; one older than this whose
+# process is gone was left by a run that was killed.
+STALE_SECONDS = 60.0
+# Room left in a 255-byte file name for the dot, the pid, the random part and the suffix.
+_NAME_BYTES = 200
+# Errors with which os.link says that the file system has no hard links.
+_NO_HARD_LINKS = frozenset(
+    e
+    for e in (
+        errno.EPERM,
+        getattr(errno, "EOPNOTSUPP", None),
+        getattr(errno, "ENOTSUP", None),
+        errno.ENOSYS,
+        errno.EMLINK,
+        errno.EXDEV,
+    )
+    if e is not None
+)
 
 
 def render_txt(result: Transcription) -> str:
@@ -127,11 +157,30 @@ def _new_file_mode(path: Path) -> int:
         return 0o666 & ~mask
 
 
-def _write_temp(path: Path, text: str) -> str:
-    """A fully written and synced temporary file beside path; returns its name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+def temp_name(target_name: str) -> str:
+    """A fresh name for one of our temporary files beside a file called target_name."""
+    name = target_name
+    while len(os.fsencode(name)) > _NAME_BYTES:
+        name = name[:-1]
+    return f".{name}.mlxasr-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+
+
+def _create_temp(folder: Path, target_name: str, mode: int = 0o600) -> tuple[int, Path]:
+    """Create a new temporary file (never an existing one) in folder; returns its descriptor and path."""
+    for _ in range(100):
+        tmp = folder / temp_name(target_name)
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(folder))
+
+
+def _write_temp(path: Path, text: str) -> Path:
+    """A fully written and synced temporary file beside path; returns its path."""
+    fd, tmp = _create_temp(path.parent, path.name)
     try:
-        # mkstemp creates the file 0600; give it the mode a plain open() would.
+        # Created 0600; give it the mode a plain open() would.
         os.fchmod(fd, _new_file_mode(path))
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
@@ -142,6 +191,58 @@ def _write_temp(path: Path, text: str) -> str:
             os.unlink(tmp)
         raise
     return tmp
+
+
+def probe_folder(folder: str | os.PathLike[str]) -> None:
+    """Check that files can be created in folder: create one of our temporary files and remove it.
+
+    Raises OSError (the folder is missing, read-only, full of inodes, not a folder, ...).
+    """
+    fd, tmp = _create_temp(Path(folder), "write-probe")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else, or we cannot tell: leave its files alone
+        return True
+    return True
+
+
+def remove_stale_temporaries(
+    folder: str | os.PathLike[str], *, min_age: float = STALE_SECONDS, now: float | None = None
+) -> list[Path]:
+    """Remove our temporary files left in folder by runs that were killed; returns those removed.
+
+    Only regular files named like ours (TEMP_PATTERN), last modified more than min_age seconds ago,
+    whose writing process no longer exists, are removed: a run writing into the same folder right now
+    keeps its files.
+    """
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        with os.scandir(folder) as it:
+            entries = [e for e in it if TEMP_PATTERN.fullmatch(e.name)]
+    except OSError:
+        return removed
+    for entry in entries:
+        match = TEMP_PATTERN.fullmatch(entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < min_age or _pid_alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _sync_dir(folder: Path) -> None:
@@ -176,14 +277,41 @@ def _interrupts_deferred() -> Iterator[None]:
                 signal.raise_signal(signum)
 
 
-def atomic_write_files(files: Mapping[str | os.PathLike[str], str]) -> None:
+def _link_new(tmp: Path, path: Path) -> bool:
+    """Give the finished temporary file tmp the name path unless path exists; False if it did.
+
+    A hard link fails if the name is taken, whatever appeared there meanwhile, so nothing is ever
+    replaced. Where the file system has no hard links, a check and a rename come closest.
+    """
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.lexists(path):
+            return False
+        os.rename(tmp, path)
+        return True
+    with contextlib.suppress(OSError):  # a leftover name is removed by the next run as stale
+        os.unlink(tmp)
+    return True
+
+
+def atomic_write_files(files: Mapping[str | os.PathLike[str], str], *, replace: bool = True) -> list[Path]:
     """Write several UTF-8 text files so that each is either complete or untouched.
 
     Every file is first written to a temporary file in its own folder and synced; only then are they
-    renamed over their targets, with Ctrl-C held back so that the set is renamed together. On any
+    renamed to their targets, with Ctrl-C held back so that the set is renamed together. On any
     error or interrupt the temporary files are removed.
+
+    replace=True: existing targets are replaced (atomically). replace=False: an existing target is
+    never replaced, even one that appears while the files are being written; such targets are left
+    as they are and returned.
     """
-    pending: list[tuple[str, Path]] = []
+    pending: list[tuple[Path, Path]] = []
+    kept: list[Path] = []
     try:
         for target, text in files.items():
             path = Path(target)
@@ -191,7 +319,12 @@ def atomic_write_files(files: Mapping[str | os.PathLike[str], str]) -> None:
         with _interrupts_deferred():
             while pending:
                 tmp, path = pending[0]
-                os.replace(tmp, path)
+                if replace:
+                    os.replace(tmp, path)
+                elif not _link_new(tmp, path):
+                    kept.append(path)
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
                 pending.pop(0)
     finally:
         for tmp, _ in pending:
@@ -199,6 +332,7 @@ def atomic_write_files(files: Mapping[str | os.PathLike[str], str]) -> None:
                 os.unlink(tmp)
     for folder in {Path(p).parent for p in files}:
         _sync_dir(folder)
+    return kept
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -200,7 +200,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     for path in bad.values():
         assert f"failed: {path}: " in cap.out
 
-    # Resume: everything is up to date, nothing is touched.
+    # Resume: every output exists, nothing is touched.
     before = snapshot(out)
     assert main(["good", "-o", "out", *ALL, "--model", ckpt]) == 0
     cap = capsys.readouterr()
@@ -208,14 +208,28 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     assert "loading model" not in cap.out
     assert snapshot(out) == before
 
-    # A changed input is redone on the next run; --overwrite redoes one that is up to date.
+    # A changed input is not redone over its existing outputs: it is skipped, and the run says why.
     time.sleep(0.01)
     os.utime("good/other/same.ogg")
     assert main(["good", "-o", "out", "--srt", "--model", ckpt]) == 0
-    assert "summary: 1 transcribed, 4 skipped, 0 failed" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "summary: 0 transcribed, 5 skipped, 0 failed" in cap.out
+    assert "skipped good/other/same.ogg: its outputs exist but are older than it; use --overwrite" in cap.out
+    assert snapshot(out) == before
+
+    # An interrupted file (some outputs missing) is finished: only the missing output is written.
+    Path("out/other/same.vtt").unlink()
+    assert main(["good", "-o", "out", *ALL, "--model", ckpt]) == 0
+    cap = capsys.readouterr()
+    assert "summary: 1 transcribed, 4 skipped, 0 failed, 3 existing output(s) kept" in cap.out
     after = snapshot(out)
-    assert after["other/same.srt"][0] > before["other/same.srt"][0]
-    assert after["a talk.srt"] == before["a talk.srt"]
+    assert {k: v for k, v in after.items() if k != "other/same.vtt"} == {
+        k: v for k, v in before.items() if k != "other/same.vtt"
+    }
+    assert after["other/same.vtt"][1] == before["other/same.vtt"][1]  # the same transcription again
+    check_outputs(out / "other" / "same")
+
+    # --overwrite redoes a file whose outputs exist.
 
     assert main(["good/a talk.wav", "-o", "out", *ALL, "--model", ckpt, "--overwrite"]) == 0
     assert "summary: 1 transcribed, 0 skipped, 0 failed" in capsys.readouterr().out
@@ -261,7 +275,7 @@ def test_unreadable_silent_and_ffmpeg_less_inputs_are_reported_and_the_batch_goe
 ):
     locked = write_audio(tmp_path / "locked.wav", 1.0, 1)
     locked.chmod(0)
-    real_open = open
+    real_open = os.open
 
     def guarded_open(file, *args, **kwargs):
         # Root reads any file whatever its mode; refuse this one as the kernel would for others.
@@ -269,7 +283,7 @@ def test_unreadable_silent_and_ffmpeg_less_inputs_are_reported_and_the_batch_goe
             raise PermissionError(13, "Permission denied", str(file))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(audio_module, "open", guarded_open, raising=False)
+    monkeypatch.setattr(os, "open", guarded_open)
     silent = tmp_path / "silent.wav"
     sf.write(silent, np.zeros(32000, dtype=np.float32), 16000)
     m4a = write_audio(tmp_path / "clip.m4a", 1.0, 2)
@@ -298,7 +312,7 @@ def test_quiet_verbose_and_dry_run(tmp_path, ckpt, capsys):
     assert main([str(tmp_path), "--dry-run", "--srt", "--model", "/no/such/model"]) == 0
     cap = capsys.readouterr()
     assert f"transcribe: {src} -> {tmp_path / 'x.srt'}" in cap.out
-    assert "dry run: 2 to transcribe, 0 up to date, 0 failed" in cap.out
+    assert "dry run: 2 to transcribe, 0 skipped, 0 failed" in cap.out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.wav", "x.wav"]
 
     assert main([str(tmp_path), "--quiet", "--srt", "--model", ckpt]) == 1

@@ -1,0 +1,615 @@
+"""mlxasr never loses a user's file, never hangs and never crashes: existing outputs are kept, output
+folders are checked before the model loads, temporary files are recognisable and cleaned up, names
+with control characters print on one line, non-regular files are refused unopened, a Ctrl-C storm
+still ends with the summary, option values are range-checked, and transcription warnings are shown."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx_qwen3asr.cli.main as cli_main
+import pytest
+from mlx_qwen3asr.cli.main import main
+from test_cli import ALL, check_outputs, errors_for, temporaries, write_audio
+
+from mlx_qwen3asr import writers
+from mlx_qwen3asr.batch import find_inputs
+from mlx_qwen3asr.subtitles import CueOptions
+from mlx_qwen3asr.writers import atomic_write_files
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+OUR_TEMP = re.compile(r"^\.(.+)\.mlxasr-(\d+)-[0-9a-z]+\.tmp$", re.S)
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoints) -> str:
+    return str(checkpoints("tiny"))
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fails the test if the model is loaded."""
+    monkeypatch.setattr(cli_main, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+
+
+def lines_with(text: str, fragment: str) -> list[str]:
+    return [line for line in text.splitlines() if fragment in line]
+
+
+def state(path: Path) -> tuple[int, bytes]:
+    return path.stat().st_mtime_ns, path.read_bytes()
+
+
+def cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """mlxasr in a child process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_qwen3asr.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+# --- 1. existing outputs are never replaced without --overwrite ---------------------------------------
+
+
+def test_a_hand_corrected_output_is_kept_and_only_missing_outputs_are_written(tmp_path, ckpt, capsys):
+    talk = write_audio(tmp_path / "talk.wav", 2.0, 1)
+    srt_path, json_path = tmp_path / "talk.srt", tmp_path / "talk.json"
+    assert main([str(talk), "--srt", "--model", ckpt]) == 0
+    capsys.readouterr()
+    srt_path.write_text("1\n00:00:00,000 --> 00:00:02,000\nCorrected by hand.\n\n", encoding="utf-8")
+    os.utime(srt_path, (1_000_000_000, 1_000_000_000))  # older than the input, as an old edit would be
+    corrected = state(srt_path)
+
+    assert main([str(talk), "--srt", "--json", "--model", ckpt]) == 0
+    out = capsys.readouterr().out
+    assert state(srt_path) == corrected  # byte for byte, mtime too
+    assert json_path.is_file() and '"segments"' in json_path.read_text(encoding="utf-8")
+    assert lines_with(out, "kept existing") == [f"kept existing {srt_path} (use --overwrite to replace it)"]
+    assert "summary: 1 transcribed, 0 skipped, 0 failed, 1 existing output(s) kept" in out
+    assert temporaries(tmp_path) == []
+
+    # Every requested output exists now: the file is skipped, and said to be older than its input.
+    json_state = state(json_path)
+    assert main([str(talk), "--srt", "--json", "--model", ckpt]) == 0
+    out = capsys.readouterr().out
+    assert "summary: 0 transcribed, 1 skipped, 0 failed" in out and "loading model" not in out
+    stale = f"skipped {talk}: its outputs exist but are older than it; use --overwrite"
+    assert lines_with(out, "older than it") == [stale]
+    assert state(srt_path) == corrected and state(json_path) == json_state
+
+    # --overwrite still replaces, atomically.
+    assert main([str(talk), "--srt", "--json", "--model", ckpt, "--overwrite"]) == 0
+    capsys.readouterr()
+    assert "Corrected by hand" not in srt_path.read_text(encoding="utf-8")
+    assert state(json_path) != json_state
+
+
+def test_an_older_output_the_user_already_had_is_not_replaced(tmp_path, ckpt, capsys):
+    wav = write_audio(tmp_path / "interview.wav", 1.5, 2)
+    mine = tmp_path / "interview.srt"
+    mine.write_text("my own subtitles\n", encoding="utf-8")
+    os.utime(mine, (1_000_000_000, 1_000_000_000))
+    before = state(mine)
+
+    assert main([str(wav), "--srt", "--model", ckpt]) == 0
+    out = capsys.readouterr().out
+    assert state(mine) == before
+    assert lines_with(out, "older than it") == [
+        f"skipped {wav}: its outputs exist but are older than it; use --overwrite"
+    ]
+    assert "summary: 0 transcribed, 1 skipped, 0 failed" in out
+
+    assert main([str(wav), "--srt", "--txt", "--model", ckpt]) == 0
+    out = capsys.readouterr().out
+    assert state(mine) == before and (tmp_path / "interview.txt").read_text(encoding="utf-8").strip()
+    assert lines_with(out, "kept existing") == [f"kept existing {mine} (use --overwrite to replace it)"]
+
+
+def test_dry_run_shows_the_keep_and_skip_decisions(tmp_path, capsys, no_model):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    b = write_audio(tmp_path / "b.wav", 1.0, 2)
+    c = write_audio(tmp_path / "c.wav", 1.0, 3)
+    (tmp_path / "a.srt").write_text("mine\n", encoding="utf-8")  # a: srt kept, vtt to write
+    for ext in ("srt", "vtt"):  # b: everything exists and is older than b.wav
+        (tmp_path / f"b.{ext}").write_text("old\n", encoding="utf-8")
+        os.utime(tmp_path / f"b.{ext}", (1_000_000_000, 1_000_000_000))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main([str(tmp_path), "--srt", "--vtt", "--dry-run", "--model", "/no/such/model"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"transcribe: {a} -> {tmp_path / 'a.vtt'}; keeping existing {tmp_path / 'a.srt'} "
+        "(use --overwrite to replace it)",
+        f"skip (outputs exist but are older than it; use --overwrite): {b} -> "
+        f"{tmp_path / 'b.srt'}, {tmp_path / 'b.vtt'}",
+        f"transcribe: {c} -> {tmp_path / 'c.srt'}, {tmp_path / 'c.vtt'}",
+        "dry run: 2 to transcribe, 1 skipped, 0 failed, 1 existing output(s) kept",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_an_output_that_appears_during_transcription_is_not_replaced(tmp_path, ckpt, capsys, monkeypatch):
+    talk = write_audio(tmp_path / "talk.wav", 1.5, 1)
+    other = tmp_path / "talk.srt"
+    real_stream = cli_main.transcribe_stream
+
+    def stream_with_a_racing_writer(*args, **kwargs):
+        for res in real_stream(*args, **kwargs):
+            other.write_text("written by another run meanwhile\n", encoding="utf-8")
+            yield res
+
+    monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_a_racing_writer)
+    assert main([str(talk), "--srt", "--txt", "--model", ckpt]) == 0
+    out = capsys.readouterr().out
+    assert other.read_text(encoding="utf-8") == "written by another run meanwhile\n"
+    assert (tmp_path / "talk.txt").read_text(encoding="utf-8").strip()
+    assert lines_with(out, "kept existing") == [f"kept existing {other} (use --overwrite to replace it)"]
+    assert "1 existing output(s) kept" in out
+    assert temporaries(tmp_path) == [], temporaries(tmp_path)
+
+
+def test_no_replace_write_keeps_a_file_created_between_check_and_rename(tmp_path, monkeypatch):
+    a, b = tmp_path / "a.srt", tmp_path / "b.srt"
+    real_link = os.link
+
+    def link_after_someone_else(src, dst, **kwargs):
+        if Path(dst) == b:
+            b.write_text("theirs\n", encoding="utf-8")
+        return real_link(src, dst, **kwargs)
+
+    monkeypatch.setattr(writers.os, "link", link_after_someone_else)
+    kept = atomic_write_files({a: "ours a\n", b: "ours b\n"}, replace=False)
+    assert kept == [b]
+    assert a.read_text(encoding="utf-8") == "ours a\n" and b.read_text(encoding="utf-8") == "theirs\n"
+    assert os.stat(a).st_nlink == 1  # the temporary name is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.srt", "b.srt"]
+
+
+def test_no_replace_write_without_hard_links_falls_back_to_check_and_rename(tmp_path, monkeypatch):
+    a, b = tmp_path / "a.vtt", tmp_path / "b.vtt"
+    b.write_text("theirs\n", encoding="utf-8")
+
+    def no_links(src, dst, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(writers.os, "link", no_links)
+    assert atomic_write_files({a: "ours\n", b: "ours\n"}, replace=False) == [b]
+    assert a.read_text(encoding="utf-8") == "ours\n" and b.read_text(encoding="utf-8") == "theirs\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.vtt", "b.vtt"]
+
+
+def test_the_rule_is_stated_in_help(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "An existing output file is never replaced unless --overwrite is given" in text
+
+
+# --- 2. output folders are created and probed before the model is loaded --------------------------
+
+
+def test_a_read_only_output_folder_stops_the_run_before_the_model_loads(
+    tmp_path, capsys, no_model, monkeypatch
+):
+    a = write_audio(tmp_path / "in" / "a.wav", 1.0, 1)
+    b = write_audio(tmp_path / "in" / "b.wav", 1.0, 2)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    real_open = os.open
+
+    def read_only_open(path, flags, *args, **kwargs):
+        # Root may write anywhere whatever the mode; refuse as the kernel would for anyone else.
+        if Path(os.fsdecode(path)).parent == locked and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    try:
+        status = main([str(tmp_path / "in"), "--srt", "-o", str(locked), "--model", "unused"])
+    finally:
+        locked.chmod(0o755)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert errors_for(err, a) == f"cannot write output in {locked} (permission denied)"
+    assert errors_for(err, b) == f"cannot write output in {locked} (permission denied)"
+    assert list(locked.iterdir()) == []
+
+
+def test_output_dir_below_a_regular_file_stops_the_run_before_the_model_loads(tmp_path, capsys, no_model):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a file\n", encoding="utf-8")
+    assert main([str(a), "--srt", "-o", str(notes / "out"), "--model", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert errors_for(err, a) == f"cannot create output folder {notes / 'out'} (a file is in the way)"
+    assert notes.read_text(encoding="utf-8") == "a file\n"
+
+
+def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_loads(
+    tmp_path, ckpt, capsys, monkeypatch
+):
+    good = write_audio(tmp_path / "rec" / "good.wav", 1.0, 1)
+    blocked = write_audio(tmp_path / "rec" / "sub" / "blocked.wav", 1.0, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sub").write_text("a file where the mirrored folder would go\n", encoding="utf-8")
+    errors_at_load = []
+    real_load = cli_main.load
+
+    def load(*args, **kwargs):
+        errors_at_load.append(capsys.readouterr().err)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(cli_main, "load", load)
+    assert main([str(tmp_path / "rec"), "--srt", "-o", str(out), "--model", ckpt]) == 1
+    cap = capsys.readouterr()
+    (before_load,) = errors_at_load
+    assert errors_for(before_load, blocked) == (
+        f"cannot create output folder {out / 'sub'} (a file is in the way)"
+    )
+    assert "error:" not in cap.err
+    assert (out / "good.srt").is_file() and not (out / "sub").is_dir()
+    assert f"failed: {blocked}: cannot create output folder" in cap.out
+    assert good.exists()
+
+
+# --- 3. temporary files: recognisable, removed, stale ones cleaned --------------------------------
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from mlx_qwen3asr import writers
+def die(fd):
+    os.kill(os.getpid(), signal.SIGKILL)
+writers.os.fsync = die
+writers.atomic_write_text(sys.argv[1], "half a subtitle file")
+"""
+
+
+def test_a_temporary_file_left_by_sigkill_is_removed_by_the_next_run(tmp_path, ckpt, capsys):
+    talk = write_audio(tmp_path / "talk.wav", 1.5, 1)
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "talk.srt")], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    match = OUR_TEMP.match(left.name)
+    assert match and match.group(1) == "talk.srt", left.name
+    dead_pid = int(match.group(2))
+
+    old = time.time() - 3600
+    os.utime(left, (old, old))
+    # A fresh one of a (just) finished process, and an old one of a live process: both may belong to a
+    # run that is writing right now, and must stay. A user's own dot-file stays too.
+    fresh = tmp_path / f".talk.vtt.mlxasr-{dead_pid}-abcd1234.tmp"
+    fresh.write_text("x", encoding="utf-8")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        live = tmp_path / f".talk.txt.mlxasr-{sleeper.pid}-abcd1234.tmp"
+        live.write_text("x", encoding="utf-8")
+        os.utime(live, (old, old))
+        users = tmp_path / ".talk.srt.backup.tmp"
+        users.write_text("mine", encoding="utf-8")
+        os.utime(users, (old, old))
+
+        assert main([str(talk), "--srt", "--model", ckpt]) == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    capsys.readouterr()
+    assert not left.exists()
+    assert fresh.exists() and live.exists() and users.exists()
+    assert (tmp_path / "talk.srt").is_file()
+
+
+def test_our_temporary_names_carry_the_pid_and_are_removed_on_failure(tmp_path, monkeypatch):
+    seen = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        seen.extend(p.name for p in tmp_path.iterdir())
+        if len(seen) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(writers.os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_files({tmp_path / "x.srt": "a\n", tmp_path / "x.vtt": "b\n"}, replace=False)
+    assert seen and all(OUR_TEMP.match(n) and f"mlxasr-{os.getpid()}-" in n for n in seen), seen
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 4. messages, odd files and interrupts --------------------------------------------------------
+
+
+def test_control_characters_in_names_are_escaped_on_every_line(tmp_path, ckpt, capsys):
+    folder = tmp_path / "rec"
+    newline = write_audio(folder / "new\nline.wav", 1.5, 1)
+    escape = write_audio(folder / "esc\x1b[31mred.wav", 1.0, 2)
+    bad = folder / "tab\tbad.wav"
+    bad.write_text("not audio", encoding="utf-8")
+    shown = {
+        p: str(p).replace("\n", "\\n").replace("\t", "\\t").replace("\x1b", "\\x1b")
+        for p in (newline, escape, bad)
+    }
+
+    assert main([str(folder), "--dry-run", "--srt", "--model", ckpt]) == 0
+    dry = capsys.readouterr()
+    assert main([str(folder), "--verbose", "--srt", "--model", ckpt]) == 1
+    run = capsys.readouterr()
+    for text in (dry.out, dry.err, run.out, run.err):
+        assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text), repr(text)
+    srt_shown = shown[newline][: -len(".wav")] + ".srt"
+    assert f"transcribe: {shown[newline]} -> {srt_shown}" in dry.out.splitlines()
+    problems = [line for line in run.err.splitlines() if not line.startswith("warning: ")]
+    assert len(problems) == 1 and problems[0].startswith(f"error: {shown[bad]}: not an audio file"), problems
+    assert f"  failed: {shown[bad]}: " in run.out
+    assert any(line.startswith("[") and f"done {shown[newline]}: " in line for line in run.out.splitlines())
+    assert f"  wrote {shown[escape][: -len('.wav')]}.srt" in run.out.splitlines()
+    assert (folder / "new\nline.srt").is_file()
+
+
+def test_symbolic_link_loops_and_broken_links_are_told_apart(tmp_path, capsys, no_model):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    (folder / "x.wav").symlink_to("x.wav")  # ln -s x.wav x.wav
+    (folder / "gone.wav").symlink_to("nowhere.wav")
+    files, errors = find_inputs([folder, folder / "x.wav", folder / "gone.wav"])
+    assert files == []
+    assert [(Path(e.path).name, e.reason) for e in errors] == [
+        ("gone.wav", "broken symbolic link"),
+        ("x.wav", "symbolic link loop"),
+        ("x.wav", "symbolic link loop"),
+        ("gone.wav", "broken symbolic link"),
+    ]
+    assert main([str(folder), "--srt", "--model", "unused"]) == 1
+    err = capsys.readouterr().err
+    assert errors_for(err, folder / "x.wav") == "symbolic link loop"
+    assert errors_for(err, folder / "gone.wav") == "broken symbolic link"
+
+
+def test_fifos_sockets_and_devices_are_refused_without_being_opened(tmp_path, ckpt):
+    folder = tmp_path / "rec"
+    good = write_audio(folder / "good.wav", 1.5, 1)
+    os.mkfifo(folder / "pipe.wav")
+    os.mkfifo(tmp_path / "named.wav")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(folder / "sock.flac"))
+        os.mkfifo(folder / "notes")  # not an audio name: ignored like any other non-audio file
+        # Nothing ever writes to the FIFOs: opening one for reading would block for ever.
+        proc = cli(str(tmp_path / "named.wav"), "/dev/null", str(folder), "--model", ckpt, timeout=60)
+    finally:
+        sock.close()
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {tmp_path / 'named.wav'}: is a FIFO, not a regular file",
+        "error: /dev/null: is a character device, not a regular file",
+        f"error: {folder / 'pipe.wav'}: is a FIFO, not a regular file",
+        f"error: {folder / 'sock.flac'}: is a socket, not a regular file",
+    ]
+    assert "summary: 1 transcribed, 0 skipped, 4 failed" in proc.stdout
+    assert good.with_suffix(".txt").read_text(encoding="utf-8").strip()
+
+
+def test_estimates_never_open_a_fifo(tmp_path):
+    fifo = tmp_path / "x.wav"
+    os.mkfifo(fifo)
+    # Run in a child so that a blocking open cannot hang the test run.
+    code = (
+        "import sys; from mlx_qwen3asr.batch import estimate_duration, probe_duration; "
+        "print(probe_duration(sys.argv[1]), estimate_duration(sys.argv[1]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split() == ["None", "0.0"], proc.stderr
+
+
+def run_and_signal(
+    tmp_path: Path, ckpt: str, signals: list[int], gap: float
+) -> tuple[subprocess.Popen, str, Path]:
+    folder = tmp_path / "long"
+    for i in range(8):
+        write_audio(folder / f"f{i}.wav", 8.0, i)
+    log = tmp_path / "stdout.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlx_qwen3asr.cli.main",
+                str(folder),
+                *ALL,
+                "--model",
+                ckpt,
+                "--batch-size",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while "done" not in log.read_text(encoding="utf-8"):
+                assert proc.poll() is None, "mlxasr ended before it could be interrupted"
+                assert time.monotonic() < deadline, "mlxasr did not start working"
+                time.sleep(0.02)
+            for sig in signals:
+                if proc.poll() is None:
+                    proc.send_signal(sig)
+                time.sleep(gap)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return proc, err, folder
+
+
+def test_a_ctrl_c_storm_still_prints_the_summary_and_exits_130(tmp_path, ckpt):
+    proc, err, folder = run_and_signal(tmp_path, ckpt, [signal.SIGINT] * 5, 0.05)
+    out = (tmp_path / "stdout.log").read_text(encoding="utf-8")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert len(lines_with(out, "interrupted: ")) == 1, out
+    assert "mlxasr: interrupted; finished files are kept, rerun to resume" in err
+    assert temporaries(folder) == []
+    for p in folder.glob("*.wav"):
+        outputs = [p.with_suffix(f".{ext}").exists() for ext in ("txt", "srt", "vtt", "json")]
+        assert all(outputs) or not any(outputs), p
+
+
+def test_sigterm_stops_cleanly_with_status_143(tmp_path, ckpt):
+    proc, err, folder = run_and_signal(tmp_path, ckpt, [signal.SIGTERM], 0.0)
+    out = (tmp_path / "stdout.log").read_text(encoding="utf-8")
+    assert proc.returncode == 143, err
+    assert "interrupted: " in out and "not finished" in out
+    assert temporaries(folder) == []
+    finished = [p for p in folder.glob("*.wav") if p.with_suffix(".json").exists()]
+    assert finished
+    for p in finished:
+        check_outputs(p.with_suffix(""))
+
+
+def test_signals_during_the_interrupt_handling_are_ignored_until_the_summary(tmp_path, capsys, monkeypatch):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    monkeypatch.setattr(cli_main, "load", lambda *args, **kwargs: object())
+    monkeypatch.setattr(cli_main, "require_kind", lambda *args: None)
+
+    def interrupted_stream(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the first Ctrl-C, while transcribing
+        yield from ()
+
+    real_stop = cli_main.Reporter.stop
+    real_summary = cli_main.Reporter.summary
+
+    def stop(self):
+        for _ in range(3):  # more Ctrl-C while the interrupt is being handled
+            signal.raise_signal(signal.SIGINT)
+        real_stop(self)
+
+    def summary(self, s):
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+        real_summary(self, s)
+
+    monkeypatch.setattr(cli_main, "transcribe_stream", interrupted_stream)
+    monkeypatch.setattr(cli_main.Reporter, "stop", stop)
+    monkeypatch.setattr(cli_main.Reporter, "summary", summary)
+    previous = signal.getsignal(signal.SIGINT)
+    assert main([str(a), "--srt"]) == 130
+    assert signal.getsignal(signal.SIGINT) is previous
+    out = capsys.readouterr().out
+    assert "interrupted: 0 transcribed, 0 skipped, 0 failed, 1 not finished" in out
+
+
+# --- 5. option ranges -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--max-segment-seconds", "1e-9", "must be between 1 and 1200 seconds"),
+        ("--max-segment-seconds", "0.99", "must be between 1 and 1200 seconds"),
+        ("--max-segment-seconds", "1201", "must be between 1 and 1200 seconds"),
+        ("--max-segment-seconds", "nan", "must be between 1 and 1200 seconds"),
+        ("--max-segment-seconds", "inf", "must be between 1 and 1200 seconds"),
+        ("--max-segment-seconds", "x", "not a number"),
+        ("--max-cue-seconds", "0.1", f"must be between {CueOptions.min_duration:g} and 3600 seconds"),
+        ("--max-cue-seconds", "inf", f"must be between {CueOptions.min_duration:g} and 3600 seconds"),
+        ("--max-cue-seconds", "nan", f"must be between {CueOptions.min_duration:g} and 3600 seconds"),
+        ("--max-line-width", "9", "must be between 10 and 1000"),
+        ("--max-line-width", "1001", "must be between 10 and 1000"),
+        ("--max-line-count", "0", "must be between 1 and 20"),
+        ("--max-line-count", "21", "must be between 1 and 20"),
+        ("--batch-size", "0", "must be between 1 and 256"),
+        ("--batch-size", "257", "must be between 1 and 256"),
+        ("--batch-size", "2.5", "not an integer"),
+    ],
+)
+def test_out_of_range_options_are_usage_errors(tmp_path, capsys, no_model, option, value, message):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    assert main([str(a), option, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"mlxasr: error: argument {option}: {message}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-segment-seconds", "1"],
+        ["--max-segment-seconds", "1200"],
+        ["--max-cue-seconds", str(CueOptions.min_duration)],
+        ["--max-line-width", "10"],
+        ["--max-line-count", "20"],
+        ["--batch-size", "256"],
+    ],
+)
+def test_the_limits_themselves_are_accepted(tmp_path, capsys, no_model, args):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    assert main([str(a), "--dry-run", *args]) == 0
+    assert "dry run: 1 to transcribe" in capsys.readouterr().out
+
+
+def test_the_shortest_segment_and_cue_transcribe(tmp_path, ckpt, capsys):
+    a = write_audio(tmp_path / "a.wav", 2.5, 1)
+    args = [
+        "--max-segment-seconds",
+        "1",
+        "--max-cue-seconds",
+        str(CueOptions.min_duration),
+        "--max-line-width",
+        "10",
+    ]
+    assert main([str(a), "--json", "--srt", "--model", ckpt, *args]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "a.json").read_text(encoding="utf-8")
+    assert '"max_segment_seconds": 1.0' in text and text.count('"truncated"') >= 4  # 3 segments + total
+
+
+def test_ranges_are_stated_in_help(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for fragment in (
+        "1 to 1200",
+        "1 to 256",
+        "10 to 1000",
+        "1 to 20",
+        f"{CueOptions.min_duration:g} to 3600",
+    ):
+        assert fragment in text, fragment
+
+
+# --- 6. warnings a transcription carries ----------------------------------------------------------
+
+
+def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, monkeypatch):
+    a = write_audio(tmp_path / "a.wav", 1.5, 1)
+    b = write_audio(tmp_path / "b.wav", 1.5, 2)
+    real_stream = cli_main.transcribe_stream
+    messages = ["decoded 0.8 s of 1.5 s stated in the header; the file looks truncated", "second note"]
+
+    def stream_with_warnings(*args, **kwargs):
+        for res in real_stream(*args, **kwargs):
+            for seg in res.transcription.segments:  # no flagged segments: only our warnings are printed
+                seg.truncated = seg.repetitive = False
+            if res.source == str(a):
+                res.transcription.warnings = list(messages)  # the field result.py is gaining
+            yield res
+
+    monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_warnings)
+    assert main([str(a), str(b), "--srt", "--model", ckpt]) == 0
+    cap = capsys.readouterr()
+    assert lines_with(cap.err, "warning:") == [f"warning: {a}: {m}" for m in messages]
+    assert "summary: 2 transcribed, 0 skipped, 0 failed, 1 with warnings" in cap.out
+    assert (tmp_path / "a.srt").is_file()
