@@ -372,6 +372,17 @@ class Summary:
         return self.audio_seconds / self.work_seconds if self.work_seconds > 0 else 0.0
 
 
+def _discard_output(stream: TextIO) -> None:
+    """Point a stream whose pipe is closed at the null device, so that flushing it (at exit too)
+    cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+
+
 class _Realtime(ProgressColumn):
     """Audio seconds per wall-clock second."""
 
@@ -393,16 +404,24 @@ class Reporter:
         self._done_seconds = 0.0
         self._remaining_estimate = 0.0
         self._file_estimate = 0.0
+        self._gone: set[int] = set()  # streams whose reader has gone
 
     def write(self, stream: TextIO, line: str) -> None:
         """One line to a stream, whatever the mode."""
+        if id(stream) in self._gone:
+            return
         line = _printable(line)
         try:
-            stream.write(line + "\n")
-        except UnicodeEncodeError:
-            enc = getattr(stream, "encoding", None) or "ascii"
-            stream.write(line.encode(enc, "backslashreplace").decode(enc) + "\n")
-        stream.flush()
+            try:
+                stream.write(line + "\n")
+            except UnicodeEncodeError:
+                enc = getattr(stream, "encoding", None) or "ascii"
+                stream.write(line.encode(enc, "backslashreplace").decode(enc) + "\n")
+            stream.flush()
+        except BrokenPipeError:
+            # The reader went away (`mlxasr ... | head`): the files are still transcribed and written.
+            self._gone.add(id(stream))
+            _discard_output(stream)
 
     def info(self, line: str) -> None:
         if self.quiet:

@@ -613,3 +613,26 @@ def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, 
     assert lines_with(cap.err, "warning:") == [f"warning: {a}: {m}" for m in messages]
     assert "summary: 2 transcribed, 0 skipped, 0 failed, 1 with warnings" in cap.out
     assert (tmp_path / "a.srt").is_file()
+
+
+# --- output to a pipe whose reader has gone -------------------------------------------------------
+
+
+def test_a_closed_stdout_pipe_does_not_stop_the_run(tmp_path, ckpt):
+    a = write_audio(tmp_path / "a.wav", 1.5, 1)
+    b = write_audio(tmp_path / "b.wav", 1.5, 2)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `mlxasr ... | head -0`: the first line written gets EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mlx_qwen3asr.cli.main", str(a), str(b), "--srt", "--model", ckpt],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
+    assert a.with_suffix(".srt").is_file() and b.with_suffix(".srt").is_file()
