@@ -359,6 +359,29 @@ def test_context_file_is_used(tmp_path, ckpt, capsys):
     capsys.readouterr()
 
 
+def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
+    src = write_audio(tmp_path / "x.wav", 6.0, 1)
+    args = ["--max-line-width", "12", "--max-line-count", "1", "--max-cue-seconds", "1.5"]
+    args += ["--max-segment-seconds", "2", "--context", "Qwen", "--dtype", "float32"]
+    assert main([str(src), "--json", "--srt", "--model", ckpt, *args]) == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "x.json").read_text(encoding="utf-8"))
+    assert doc["options"] == {
+        "language": None,
+        "context": "Qwen",
+        "max_segment_seconds": 2.0,
+        "max_line_width": 12,
+        "max_line_count": 1,
+        "max_cue_seconds": 1.5,
+    }
+    assert len(doc["segments"]) >= 3  # 6 s cut into pieces of at most 2 s
+    assert all(s["end"] - s["start"] <= 2.0 + 1e-6 for s in doc["segments"])
+    subs = list(srt.parse((tmp_path / "x.srt").read_text(encoding="utf-8")))
+    assert subs and all("\n" not in s.content for s in subs)  # one line per cue
+    assert main([str(src), "--dtype", "int8", "--model", ckpt]) == 2
+    assert "argument --dtype: invalid choice" in capsys.readouterr().err
+
+
 # --- usage errors ---------------------------------------------------------------------------------
 
 

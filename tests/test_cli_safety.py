@@ -263,6 +263,14 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
     assert good.exists()
 
 
+def test_a_bad_model_leaves_no_output_folder_behind(tmp_path, capsys):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    out = tmp_path / "out"
+    assert main([str(a), "--srt", "-o", str(out / "deep" / "er"), "--model", str(tmp_path / "no-model")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: model {tmp_path / 'no-model'}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
+
+
 # --- 3. temporary files: recognisable, removed, stale ones cleaned --------------------------------
 
 
