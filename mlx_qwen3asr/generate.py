@@ -24,6 +24,39 @@ LOOP_CHECK_EVERY = 16
 PREFILL_ROWS = 8
 
 
+# Query positions per prefill call: bounds the attention scores of long prompts (a long context) to
+# rows x heads x PREFILL_CHUNK x keys instead of a square of the prompt length per layer.
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class Prefix:
+    """A prompt start shared by every row (system prompt and context), computed once.
+
+    layers: per decoder layer, keys and values of shape (1, Hk, len(ids), D).
+    """
+
+    ids: list[int]
+    layers: list[tuple[mx.array, mx.array]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+def prefill_prefix(net: Qwen3ASR, ids: Sequence[int]) -> Prefix:
+    """The decoder's keys and values for a prompt start, in chunks of PREFILL_CHUNK positions."""
+    ids = [int(i) for i in ids]
+    cache = net.make_cache()
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        chunk = mx.array([ids[start : start + PREFILL_CHUNK]], dtype=mx.int32)
+        net.model(net.model.embed_tokens(chunk), cache=cache)
+        mx.eval([c.state for c in cache])
+    layers = [(c.keys[..., : c.offset, :], c.values[..., : c.offset, :]) for c in cache]
+    mx.eval(layers)
+    return Prefix(ids, layers)
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -60,11 +93,13 @@ def greedy_generate(
     max_new_tokens: int,
     eos_ids: set[int] | frozenset[int],
     keep_logits: bool = False,
+    prefix: Prefix | None = None,
 ) -> Generation:
     """Decode one prompt greedily until EOS, the budget, or a runaway loop."""
-    return greedy_generate_batch(net, [prompt_ids], [audio_features], [max_new_tokens], eos_ids, keep_logits)[
-        0
-    ]
+    batch = greedy_generate_batch(
+        net, [prompt_ids], [audio_features], [max_new_tokens], eos_ids, keep_logits, prefix=prefix
+    )
+    return batch[0]
 
 
 def _pad_id(net: Qwen3ASR) -> int:
@@ -73,12 +108,16 @@ def _pad_id(net: Qwen3ASR) -> int:
 
 
 def _prefill(
-    net: Qwen3ASR, prompts: Sequence[list[int]], audio_features: Sequence[mx.array]
+    net: Qwen3ASR,
+    prompts: Sequence[list[int]],
+    audio_features: Sequence[mx.array],
+    prefix: Prefix | None = None,
 ) -> tuple[list[KVCache], mx.array, list[int]]:
-    """Prompts left-padded to one width through the decoder: its cache, each row's last hidden state,
-    and each row's count of pad tokens.
+    """Prompts (after the shared prefix, when given) left-padded to one width through the decoder:
+    its cache, each row's last hidden state, and each row's count of pad tokens.
 
-    The padding is masked out of attention and every row's positions count from its own first token.
+    The padding is masked out of attention and every row's positions count from its own first token
+    (after the prefix). Long prompts go through in chunks of PREFILL_CHUNK positions.
     """
     lengths = [len(p) for p in prompts]
     width = max(lengths)
@@ -87,17 +126,25 @@ def _prefill(
     for row, prompt in enumerate(prompts):
         ids[row, pad_counts[row] :] = prompt
     features = mx.concatenate([f.reshape(-1, f.shape[-1]) for f in audio_features], axis=0)
-    cache = net.make_cache()
-    left_pad = mask = None
-    if any(pad_counts):
-        left_pad = mx.array(pad_counts, dtype=mx.int32)
-        # Causal, and no real query sees a pad key; a pad query sees itself (a row of all-masked
-        # scores would be NaN) and nothing it produces reaches a real token.
-        pos = mx.arange(width)
-        causal = pos[None, :] <= pos[:, None]
-        real_key = pos[None, :] >= left_pad[:, None]
-        mask = (causal[None] & (real_key[:, None, :] | (pos[:, None] == pos[None, :])[None]))[:, None]
-    hidden = net.model(net.embed(mx.array(ids), features), mask=mask, cache=cache, left_pad=left_pad)
+    embeds = net.embed(mx.array(ids), features)
+    cache = net.make_cache(None if prefix is None else prefix.layers)
+    left_pad = mx.array(pad_counts, dtype=mx.int32) if any(pad_counts) else None
+    hidden = None
+    for start in range(0, width, PREFILL_CHUNK):
+        stop = min(start + PREFILL_CHUNK, width)
+        mask = None
+        if left_pad is not None:
+            # Causal, and no real query sees a pad key; a pad query sees itself (a row of all-masked
+            # scores would be NaN) and nothing it produces reaches a real token.
+            query, key = mx.arange(start, stop)[:, None], mx.arange(stop)[None, :]
+            causal = key <= query
+            real_key = key[None] >= left_pad[:, None, None]
+            mask = (causal[None] & (real_key | (key == query)[None]))[:, None]
+        elif stop - start > 1:
+            mask = "causal"
+        hidden = net.model(embeds[:, start:stop], mask=mask, cache=cache, left_pad=left_pad)
+        if stop < width:
+            mx.eval(hidden, [c.state for c in cache])
     return cache, hidden[:, -1, :], pad_counts
 
 
@@ -109,12 +156,15 @@ def greedy_generate_batch(
     eos_ids: set[int] | frozenset[int],
     keep_logits: bool = False,
     on_first_tokens: Callable[[], None] | None = None,
+    prefix: Prefix | None = None,
 ) -> list[Generation]:
     """Decode several prompts together, each greedily until its EOS, budget, or a runaway loop.
 
     Prompts are left-padded to one length; the padding is masked out of attention and every row's
     positions count from its own first token, so each row decodes as it would alone. Rows that
     finish leave the batch (their cache rows are dropped), so the rest stop paying for them.
+    prefix: a prompt start every row shares, computed once (prefill_prefix); `prompts` then hold
+    what follows it.
     """
     n = len(prompts)
     if not (n == len(audio_features) == len(max_new_tokens)):
@@ -123,14 +173,14 @@ def greedy_generate_batch(
         return []
     budgets = [max(0, int(b)) for b in max_new_tokens]
     if n <= PREFILL_ROWS:
-        cache, last, pad_counts = _prefill(net, prompts, audio_features)
+        cache, last, pad_counts = _prefill(net, prompts, audio_features, prefix)
     else:
         # Groups of rows prefilled apart, then their caches joined (right-aligned, so every row's
         # padding stays in front): costs less per token than one call over every row.
         group_caches, group_lasts = [], []
         for start in range(0, n, PREFILL_ROWS):
             rows = slice(start, start + PREFILL_ROWS)
-            group_cache, group_last, _ = _prefill(net, prompts[rows], audio_features[rows])
+            group_cache, group_last, _ = _prefill(net, prompts[rows], audio_features[rows], prefix)
             mx.eval(group_last, [c.state for c in group_cache])
             group_caches.append(group_cache)
             group_lasts.append(group_last)

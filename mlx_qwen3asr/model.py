@@ -13,7 +13,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .config import AudioConfig, ModelConfig, TextConfig, conv_output_length
-from .ops import attention, gelu, on_cpu, silu
+from .ops import attention, attention_with_prefix, gelu, on_cpu, silu
 
 # --------------------------------------------------------------------------------------------------
 # Audio encoder
@@ -169,14 +169,24 @@ class Linear(nn.Linear):
 
 
 class KVCache:
-    """Keys and values of one decoder layer, grown in steps so decoding appends without copying."""
+    """Keys and values of one decoder layer, grown in steps so decoding appends without copying.
+
+    A cache may start from a shared prefix (keys and values of a prompt start that every row has,
+    batch 1): it is attended to by every row without being copied per row, and `offset` counts only
+    the row's own positions after it.
+    """
 
     step = 256
 
-    def __init__(self):
+    def __init__(self, prefix: tuple[mx.array, mx.array] | None = None):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0
+        self.prefix = prefix
+
+    @property
+    def prefix_len(self) -> int:
+        return 0 if self.prefix is None else self.prefix[0].shape[2]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, Dk = keys.shape
@@ -209,7 +219,7 @@ class KVCache:
         def aligned(a: mx.array, offset: int) -> mx.array:
             return mx.pad(a[..., :offset, :], [(0, 0), (0, 0), (width - offset, capacity - width), (0, 0)])
 
-        out = cls()
+        out = cls(caches[0].prefix)
         out.keys = mx.concatenate([aligned(c.keys, c.offset) for c in caches], axis=0)
         out.values = mx.concatenate([aligned(c.values, c.offset) for c in caches], axis=0)
         out.offset = width
@@ -249,15 +259,19 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1)).transpose(0, 2, 1, 3)
         k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        offset = 0 if cache is None else cache.offset
+        offset = 0 if cache is None else cache.prefix_len + cache.offset
         if left_pad is not None:
-            # Left-padded rows: each row's first real token is at position 0 (pads get negative ones).
+            # Left-padded rows: each row's first real token follows the prefix directly (pads get
+            # the positions before it).
             offset = offset - left_pad
         q = self.rope(q, offset=offset)
         k = self.rope(k, offset=offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, self.scale, mask)
+        if cache is not None and cache.prefix is not None:
+            out = attention_with_prefix(q, *cache.prefix, k, v, self.scale, mask)
+        else:
+            out = attention(q, k, v, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
@@ -334,8 +348,11 @@ class Qwen3ASR(nn.Module):
         elif not t.tie_word_embeddings:
             self.lm_head = Linear(t.hidden_size, t.vocab_size, bias=False)
 
-    def make_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.model.layers]
+    def make_cache(self, prefix: list[tuple[mx.array, mx.array]] | None = None) -> list[KVCache]:
+        """A cache per decoder layer, each starting from its layer's shared prefix when given."""
+        if prefix is None:
+            return [KVCache() for _ in self.model.layers]
+        return [KVCache(p) for p in prefix]
 
     def embed(self, input_ids: mx.array, audio_features: mx.array) -> mx.array:
         """Token embeddings with the audio features in place of the audio pad tokens, row by row."""

@@ -196,4 +196,34 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) ->
     return (softmax(scores) @ v).reshape(B, H, L, D)
 
 
-__all__ = ["EXP2", "TABLES", "attention", "gelu", "on_cpu", "silu", "softmax"]
+def attention_with_prefix(
+    q: mx.array, prefix_k: mx.array, prefix_v: mx.array, k: mx.array, v: mx.array, scale: float, mask=None
+) -> mx.array:
+    """attention() over a shared prefix followed by each row's own keys and values.
+
+    prefix_k, prefix_v: (1, Hk, P, D), the same for every row and visible to every query (a system
+    prompt computed once); k, v: (B, Hk, S, D), each row's own positions after it, which `mask`
+    ("causal" or a boolean array, as in attention) applies to. One softmax runs over both parts.
+    """
+    B, H, L, D = q.shape
+    Hk, P, S = k.shape[1], prefix_k.shape[2], k.shape[2]
+    rep = H // Hk
+    q = (q * scale).reshape(B, Hk, rep * L, D)
+    # Rows of every batch entry share one product with the prefix (no copy of it per row).
+    rows = q.transpose(1, 0, 2, 3).reshape(Hk, B * rep * L, D)
+    shared = (rows @ prefix_k[0].swapaxes(-1, -2)).reshape(Hk, B, rep * L, P).transpose(1, 0, 2, 3)
+    own = q @ k.swapaxes(-1, -2)
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unknown mask {mask!r}")
+        mask = (mx.arange(S - L, S)[:, None] >= mx.arange(S)[None, :])[None, None]
+    if mask is not None:
+        own = mx.where(mask[:, :, None], own.reshape(B, Hk, rep, L, S), -mx.inf).reshape(B, Hk, rep * L, S)
+    weights = softmax(mx.concatenate([shared, own], axis=-1))
+    w_shared = weights[..., :P].transpose(1, 0, 2, 3).reshape(Hk, B * rep * L, P)
+    out = (w_shared @ prefix_v[0]).reshape(Hk, B, rep * L, D).transpose(1, 0, 2, 3)
+    out = out + weights[..., P:] @ v
+    return out.reshape(B, H, L, D)
+
+
+__all__ = ["EXP2", "TABLES", "attention", "attention_with_prefix", "gelu", "on_cpu", "silu", "softmax"]

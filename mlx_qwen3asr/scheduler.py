@@ -17,10 +17,17 @@ import mlx.core as mx
 import numpy as np
 
 from .audio import SAMPLE_RATE, DecodedAudio, log_mel_spectrogram, prepare_audio, read_audio
-from .generate import greedy_generate_batch, token_budget
+from .generate import Prefix, greedy_generate_batch, prefill_prefix, token_budget
 from .loading import ASRModel, require_kind
 from .model import encoder_batch
-from .prompt import build_prompt_ids, fix_repetitions_flag, join_texts, parse_output, resolve_language
+from .prompt import (
+    fix_repetitions_flag,
+    join_texts,
+    parse_output,
+    prompt_prefix_ids,
+    prompt_suffix_ids,
+    resolve_language,
+)
 from .result import Segment, Transcription, main_language
 from .segment import Segment as Span
 from .segment import segment_audio, split_on_silence
@@ -185,24 +192,38 @@ class _Task:
 
 
 class _Decoder:
-    """Runs one batch of segments: encoder, prompts, batched greedy decoding, text."""
+    """Runs one batch of segments: encoder, prompts, batched greedy decoding, text.
+
+    The prompt start (system prompt and context) is the same for every segment: its keys and values
+    are computed once, at the first batch, and shared by every row of every batch.
+    """
 
     def __init__(self, model: ASRModel, language: str | None, context: str) -> None:
-        self.model, self.language, self.context = model, language, context
+        self.model, self.language = model, language
         tok = model.tokenizer
         self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
-        self.prompt_overhead = len(build_prompt_ids(tok, 0, context=context, language=language))
+        self.prefix_ids = prompt_prefix_ids(tok, context)  # raises on an over-long context, before any work
+        self.suffix_overhead = len(prompt_suffix_ids(tok, 0, language))
+        self._prefix: Prefix | None = None
+
+    @property
+    def prefix(self) -> Prefix:
+        if self._prefix is None:
+            self._prefix = prefill_prefix(self.model.net, self.prefix_ids)
+        return self._prefix
 
     def rows_that_fit(self, tasks: Sequence[_Task], memory: int) -> int:
         """How many of these tasks, taken in order, decode together with their KV cache in `memory` bytes.
 
-        The cache holds, for every row, the longest prompt of the batch plus the largest token budget.
+        The cache holds, for every row, the longest prompt of the batch (after the shared prefix) plus
+        the largest token budget; the prefix is held once.
         """
         cfg = self.model.config.audio_config
         per_position = kv_bytes_per_position(self.model)
+        memory -= len(self.prefix_ids) * per_position
         width = budget = 0
         for n, task in enumerate(tasks, start=1):
-            width = max(width, self.prompt_overhead + cfg.audio_tokens(task.mel.shape[1]))
+            width = max(width, self.suffix_overhead + cfg.audio_tokens(task.mel.shape[1]))
             budget = max(budget, token_budget(task.span.duration))
             if n * (width + budget) * per_position > memory:
                 return max(1, n - 1)
@@ -211,12 +232,11 @@ class _Decoder:
     def __call__(self, tasks: Sequence[_Task]) -> list[Segment]:
         model, tok = self.model, self.model.tokenizer
         features = encode_segments(model, [t.mel for t in tasks])
-        prompts = [
-            build_prompt_ids(tok, int(f.shape[0]), context=self.context, language=self.language)
-            for f in features
-        ]
+        prompts = [prompt_suffix_ids(tok, int(f.shape[0]), self.language) for f in features]
         budgets = [token_budget(t.span.duration) for t in tasks]
-        generations = greedy_generate_batch(model.net, prompts, features, budgets, self.eos)
+        generations = greedy_generate_batch(
+            model.net, prompts, features, budgets, self.eos, prefix=self.prefix
+        )
         segments = []
         for task, gen in zip(tasks, generations):
             raw = tok.decode(gen.tokens, skip_special_tokens=True)

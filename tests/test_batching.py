@@ -226,9 +226,12 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     batches = []
     real = scheduler.greedy_generate_batch
 
+    prefix_lengths = set()
+
     def spy(net, prompts, features, budgets, *args, **kwargs):
         width, budget = max(len(p) for p in prompts), max(budgets)
         batches.append((len(prompts), width + budget))
+        prefix_lengths.add(len(kwargs["prefix"].ids))  # held once, shared by every row
         return real(net, prompts, features, budgets, *args, **kwargs)
 
     monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
@@ -244,12 +247,13 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     everything = run(1 << 50)
     assert [n for n, _ in everything] == [6]  # 3 + 1 + 1 + 1 segments, all in one batch
     longest = everything[0][1]  # positions a row of the batch holds: set by the longest segment
-    # A share of exactly two such rows: the two longest segments go together, never more.
-    share = 2 * longest * per_position
+    (prefix,) = prefix_lengths
+    # A share of exactly the prefix and two such rows: the two longest segments go together, never more.
+    share = (prefix + 2 * longest) * per_position
     two = run(int(share / scheduler.MEMORY_FRACTION))
     assert two[0] == (2, longest)
     assert sum(n for n, _ in two) == 6
-    assert all(n * positions * per_position <= share for n, positions in two)
+    assert all((prefix + n * positions) * per_position <= share for n, positions in two)
     assert [n for n, _ in run(0)] == [1] * 6  # no room: one row at a time, still done
     monkeypatch.setattr(scheduler, "MAX_BATCH", 4)
     assert [n for n, _ in run(1 << 50)] == [4, 2]  # plenty of room: MAX_BATCH rows at most

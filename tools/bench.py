@@ -142,6 +142,7 @@ def instrument(stages: Stages, budget: Budget):
     real_prepare = scheduler.prepare_input
     real_encode = scheduler.encode_segments
     real_generate = scheduler.greedy_generate_batch
+    real_prefix = scheduler.prefill_prefix
 
     def load_input(audio):
         start = time.perf_counter()
@@ -176,6 +177,7 @@ def instrument(stages: Stages, budget: Budget):
             [budget.tokens(seconds_of.pop(id(f))) for f in features],
             frozenset(),
             on_first_tokens=lambda: first.append(time.perf_counter()),
+            prefix=kwargs.get("prefix"),
         )
         end = time.perf_counter()
         stages.add("prefill", first[0] - start)
@@ -185,7 +187,15 @@ def instrument(stages: Stages, budget: Budget):
         stages.batches.append(len(out))
         return out
 
+    def prefill_prefix(net, ids):
+        # The prompt start shared by every segment (system prompt and context), computed once a run.
+        start = time.perf_counter()
+        out = real_prefix(net, ids)
+        stages.add("prefill", time.perf_counter() - start)
+        return out
+
     scheduler.load_input = load_input
+    scheduler.prefill_prefix = prefill_prefix
     scheduler.prepare_input = prepare_input
     scheduler.encode_segments = encode_segments
     scheduler.greedy_generate_batch = greedy
@@ -196,6 +206,7 @@ def instrument(stages: Stages, budget: Budget):
         scheduler.prepare_input = real_prepare
         scheduler.encode_segments = real_encode
         scheduler.greedy_generate_batch = real_generate
+        scheduler.prefill_prefix = real_prefix
 
     return restore
 
