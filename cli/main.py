@@ -568,14 +568,15 @@ class _Plan:
     keep: list[Path]  # existing outputs, left as they are
     skip: bool = False  # every requested output exists: not transcribed
     stale: bool = False  # skipped although the input changed after some of its outputs
+    replace: list[Path] = field(default_factory=list)  # existing outputs replaced (--overwrite)
 
 
 def _plan(job: Job, overwrite: bool) -> _Plan:
+    existing = [job.outputs[fmt] for fmt in existing_outputs(job)]
     if overwrite:
-        return _Plan(job, [])
-    keep = [job.outputs[fmt] for fmt in existing_outputs(job)]
-    skip = len(keep) == len(job.outputs)
-    return _Plan(job, keep, skip, skip and outputs_older_than_input(job))
+        return _Plan(job, [], replace=existing)
+    skip = len(existing) == len(job.outputs)
+    return _Plan(job, existing, skip, skip and outputs_older_than_input(job))
 
 
 def _paths(paths: Sequence[Path]) -> str:
@@ -598,6 +599,8 @@ def _dry_run(plans: list[_Plan], input_errors: int, report: Reporter, out: TextI
         if plan.keep:
             kept += len(plan.keep)
             line += f"; keeping existing {_paths(plan.keep)} ({_use_overwrite(plan.keep)})"
+        if plan.replace:
+            line += f"; replacing existing {_paths(plan.replace)}"
         report.write(out, line)
     todo = sum(not plan.skip for plan in plans)
     line = f"dry run: {todo} to transcribe, {len(plans) - todo} skipped, {input_errors} failed"
@@ -613,8 +616,9 @@ def _prepare_folders(
     """Create and probe every folder the files to transcribe will be written to, and clean our stale
     temporary files out of them. Files whose folder cannot be written fail here, before the model is
     loaded. Returns the files left, and whether any folder could be written at all."""
+    folders = list(dict.fromkeys(p.parent for job in todo for p in job.outputs.values()))
     problems: dict[Path, str] = {}
-    for folder in dict.fromkeys(p.parent for job in todo for p in job.outputs.values()):
+    for folder in folders:
         reason = prepare_output_folder(folder, created)
         if reason is not None:
             problems[folder] = reason
@@ -629,7 +633,7 @@ def _prepare_folders(
         else:
             summary.failed.append((str(job.path), reason))
             report.error(f"{job.path}: {reason}")
-    return ready, len(problems) < len(dict.fromkeys(p.parent for job in todo for p in job.outputs.values()))
+    return ready, len(problems) < len(folders)
 
 
 def _remove_created(created: list[Path]) -> None:

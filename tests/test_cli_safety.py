@@ -135,6 +135,11 @@ def test_dry_run_shows_the_keep_and_skip_decisions(tmp_path, capsys, no_model):
         f"transcribe: {c} -> {tmp_path / 'c.srt'}, {tmp_path / 'c.vtt'}",
         "dry run: 2 to transcribe, 1 skipped, 0 failed, 1 existing output(s) kept",
     ]
+    assert main([str(a), "--srt", "--vtt", "--dry-run", "--overwrite", "--model", "/no/such/model"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"transcribe: {a} -> {tmp_path / 'a.srt'}, {tmp_path / 'a.vtt'}; replacing existing {tmp_path / 'a.srt'}",
+        "dry run: 1 to transcribe, 0 skipped, 0 failed",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
