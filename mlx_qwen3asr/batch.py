@@ -274,14 +274,14 @@ def existing_outputs(job: Job) -> list[str]:
 
 
 def outputs_older_than_input(job: Job) -> bool:
-    """Whether some existing output was last modified before (or with) the input."""
+    """Whether some existing output was last modified before the input was."""
     try:
         source = os.stat(job.path).st_mtime_ns
     except OSError:
         return False
     for out in job.outputs.values():
         try:
-            if os.stat(out).st_mtime_ns <= source:
+            if os.stat(out).st_mtime_ns < source:
                 return True
         except OSError:
             continue

@@ -180,9 +180,9 @@ def _write_temp(path: Path, text: str) -> Path:
     """A fully written and synced temporary file beside path; returns its path."""
     fd, tmp = _create_temp(path.parent, path.name)
     try:
-        # Created 0600; give it the mode a plain open() would.
-        os.fchmod(fd, _new_file_mode(path))
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            # Created 0600; give it the mode a plain open() would.
+            os.fchmod(f.fileno(), _new_file_mode(path))
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
