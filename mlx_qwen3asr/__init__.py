@@ -11,7 +11,8 @@ from ._cpu import preload_openblas, tune_malloc
 preload_openblas()
 tune_malloc()
 
-from .audio import AudioError, load_audio  # noqa: E402
+from .audio import AudioError  # noqa: E402
+from .decode import load_audio, read_audio  # noqa: E402
 from .loading import ASRModel, ModelLoadError, WrongModelError, load, require_kind  # noqa: E402
 from .prompt import SUPPORTED_LANGUAGES  # noqa: E402
 from .scheduler import InputResult, transcribe_stream  # noqa: E402
@@ -30,6 +31,7 @@ __all__ = [
     "WrongModelError",
     "load",
     "load_audio",
+    "read_audio",
     "require_kind",
     "transcribe",
     "transcribe_stream",

@@ -332,8 +332,13 @@ def estimate_duration(path: str | os.PathLike[str]) -> float:
     return st.st_size / _ASSUMED_BYTES_PER_SECOND if stat.S_ISREG(st.st_mode) else 0.0
 
 
-def is_silent(wav: np.ndarray) -> bool:
-    """No sample reaches SILENCE_PEAK: digital silence or close to it."""
+def is_silent(wav) -> bool:
+    """No sample reaches SILENCE_PEAK: digital silence or close to it.
+
+    `wav` is an array or a decoded signal (decode.Signal, read block by block).
+    """
+    if hasattr(wav, "peak"):
+        return len(wav) == 0 or wav.peak() < SILENCE_PEAK
     # max and min avoid the full-size temporary that abs() would allocate for long files.
     return wav.size == 0 or max(float(np.max(wav)), -float(np.min(wav))) < SILENCE_PEAK
 

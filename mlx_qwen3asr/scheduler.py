@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from .audio import SAMPLE_RATE, DecodedAudio, log_mel_spectrogram, prepare_audio, read_audio
+from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
+from .decode import ArraySignal, DecodedAudio, Signal, read_audio
 from .generate import Prefix, greedy_generate_batch, prefill_prefix, token_budget
 from .loading import ASRModel, require_kind
 from .model import encoder_batch
@@ -30,7 +31,7 @@ from .prompt import (
 )
 from .result import Segment, Transcription, main_language
 from .segment import Segment as Span
-from .segment import segment_audio, split_on_silence
+from .segment import padded_length, segment_audio, split_on_silence
 
 # Pieces of about 30 s transcribe more accurately than long ones (the model was tuned on short clips),
 # and a segment is the unit of timing in the output.
@@ -60,7 +61,7 @@ def load_input(audio: AudioInput) -> tuple[DecodedAudio, str | None]:
     else:
         samples = None
     if samples is not None:
-        return DecodedAudio(samples, samples.size / SAMPLE_RATE), None
+        return DecodedAudio(ArraySignal(samples), samples.size / SAMPLE_RATE), None
     raise TypeError(
         f"unsupported audio input {type(audio).__name__}: give a path, an array, or (array, rate)"
     )
@@ -127,13 +128,17 @@ def encode_segments(model: ASRModel, mels: Sequence[np.ndarray]) -> list[mx.arra
 
 @dataclass
 class PreparedInput:
-    """An input made ready for the model: its waveform, its segments and their mel spectrograms."""
+    """An input made ready for the model: its decoded audio and where it is cut into segments.
+
+    The audio of a long file lives in a temporary file (decode.FileSignal); each segment's mel
+    spectrogram is computed from it when the segment's batch comes, so memory does not grow with
+    the length of a file.
+    """
 
     index: int
     source: str | None
-    wav: np.ndarray
+    wav: Signal  # the decoded samples (an array for short inputs, a temporary file for long ones)
     spans: list[Span]
-    mels: list[np.ndarray]
     skipped: bool = False  # the `skip` predicate held: nothing is sent to the model
     warnings: list[str] = field(default_factory=list)  # what decoding found wrong with the file
     header_seconds: float | None = None  # the length its header states, when decoding fell short
@@ -143,15 +148,16 @@ def prepare_input(
     index: int,
     audio: AudioInput,
     max_segment_seconds: float,
-    skip: Callable[[np.ndarray], bool] | None = None,
+    skip: Callable[[Signal], bool] | None = None,
 ) -> PreparedInput:
     decoded, source = load_input(audio)
-    wav = decoded.samples
-    skipped = skip is not None and skip(wav)
-    spans = [] if skipped else split_on_silence(wav, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
-    mels = [log_mel_spectrogram(segment_audio(wav, s, sample_rate=SAMPLE_RATE)) for s in spans]
+    signal = decoded.signal
+    skipped = skip is not None and skip(signal)
+    spans = (
+        [] if skipped else split_on_silence(signal, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
+    )
     header = decoded.header_seconds if decoded.truncated else None
-    return PreparedInput(index, source, wav, spans, mels, skipped, list(decoded.warnings), header)
+    return PreparedInput(index, source, signal, spans, skipped, list(decoded.warnings), header)
 
 
 @dataclass
@@ -161,7 +167,7 @@ class InputResult:
     index: int
     source: str | None
     transcription: Transcription | None = None
-    wav: np.ndarray | None = None
+    wav: Signal | None = None  # the decoded samples (read by range for long files)
     error: Exception | None = None
     skipped: bool = False
 
@@ -181,14 +187,24 @@ class _Pending:
 class _Task:
     pending: _Pending
     position: int  # segment number within its input
-
-    @property
-    def mel(self) -> np.ndarray:
-        return self.pending.prepared.mels[self.position]
+    _mel: np.ndarray | None = None
 
     @property
     def span(self) -> Span:
         return self.pending.prepared.spans[self.position]
+
+    @property
+    def frames(self) -> int:
+        """Mel frames of the segment (known without computing them)."""
+        return mel_frame_count(padded_length(self.span))
+
+    @property
+    def mel(self) -> np.ndarray:
+        """The segment's log-mel spectrogram, computed from its samples when first needed."""
+        if self._mel is None:
+            samples = segment_audio(self.pending.prepared.wav, self.span, sample_rate=SAMPLE_RATE)
+            self._mel = log_mel_spectrogram(samples)
+        return self._mel
 
 
 class _Decoder:
@@ -223,7 +239,7 @@ class _Decoder:
         memory -= len(self.prefix_ids) * per_position
         width = budget = 0
         for n, task in enumerate(tasks, start=1):
-            width = max(width, self.suffix_overhead + cfg.audio_tokens(task.mel.shape[1]))
+            width = max(width, self.suffix_overhead + cfg.audio_tokens(task.frames))
             budget = max(budget, token_budget(task.span.duration))
             if n * (width + budget) * per_position > memory:
                 return max(1, n - 1)
@@ -327,7 +343,7 @@ def transcribe_stream(
                 continue
             if not pool:
                 break
-            pool.sort(key=lambda t: t.mel.shape[1], reverse=True)
+            pool.sort(key=lambda t: t.frames, reverse=True)
             rows = size if fixed else decode.rows_that_fit(pool[:size], kv_memory)
             batch, pool = pool[:rows], pool[rows:]
             touched = sorted({t.pending.prepared.index for t in batch})

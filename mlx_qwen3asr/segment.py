@@ -61,8 +61,13 @@ def _quietest_sample(region: np.ndarray, win: int) -> int:
     return pos + int(np.argmin(mag[pos : pos + win]))
 
 
+def _read(audio, start: int, stop: int) -> np.ndarray:
+    """Samples [start, stop) of an array, or of a decoded signal (decode.Signal) read by range."""
+    return audio.read(start, stop) if hasattr(audio, "read") else audio[start:stop]
+
+
 def split_on_silence(
-    audio: np.ndarray,
+    audio,
     max_seconds: float = 30.0,
     search_seconds: float = 5.0,
     window_ms: float = 100.0,
@@ -72,17 +77,19 @@ def split_on_silence(
 
     Each cut is searched in [start + max - 2 * search, start + max], with search clipped to max / 3.
     The segments tile the audio exactly; audio no longer than max_seconds gives one segment.
+    `audio` is a 1-D array, or a decoded signal that only the search windows are read from.
     """
-    audio = np.asarray(audio)
-    if audio.ndim != 1:
-        raise ValueError(f"audio must be 1-D mono, got shape {audio.shape}")
+    if not hasattr(audio, "read"):
+        audio = np.asarray(audio)
+        if audio.ndim != 1:
+            raise ValueError(f"audio must be 1-D mono, got shape {audio.shape}")
     _check_positive("max_seconds", max_seconds)
     _check_positive("window_ms", window_ms)
     _check_positive("sample_rate", sample_rate)
     if isinstance(search_seconds, bool) or not math.isfinite(search_seconds) or search_seconds < 0:
         raise ValueError(f"search_seconds must be a finite number >= 0, got {search_seconds!r}")
 
-    total = int(audio.shape[0])
+    total = len(audio)
     max_len = int(max_seconds * sample_rate)
     if max_len < 1:
         raise ValueError(f"max_seconds={max_seconds} is shorter than one sample at {sample_rate} Hz")
@@ -101,7 +108,7 @@ def split_on_silence(
         if right - left <= win:
             cut = right
         else:
-            cut = left + _quietest_sample(audio[left:right], win)
+            cut = left + _quietest_sample(_read(audio, left, right), win)
         cut = max(cut, start + 1)
         segments.append(Segment(start, cut))
         start = cut
@@ -109,16 +116,24 @@ def split_on_silence(
     return segments
 
 
+def padded_length(
+    seg: Segment, min_seconds: float = MIN_SEGMENT_SECONDS, sample_rate: int = SAMPLE_RATE
+) -> int:
+    """Samples segment_audio returns for seg."""
+    return max(seg.num_samples, int(min_seconds * sample_rate))
+
+
 def segment_audio(
-    audio: np.ndarray,
+    audio,
     seg: Segment,
     min_seconds: float = MIN_SEGMENT_SECONDS,
     sample_rate: int = SAMPLE_RATE,
 ) -> np.ndarray:
-    """Samples of seg, zero-padded at the tail to min_seconds when shorter (official behaviour)."""
-    if seg.start < 0 or seg.end < seg.start or seg.end > audio.shape[0]:
-        raise ValueError(f"segment [{seg.start}, {seg.end}) outside audio of {audio.shape[0]} samples")
-    piece = audio[seg.start : seg.end]
+    """Samples of seg (of an array or a decoded signal), zero-padded at the tail to min_seconds when
+    shorter (official behaviour)."""
+    if seg.start < 0 or seg.end < seg.start or seg.end > len(audio):
+        raise ValueError(f"segment [{seg.start}, {seg.end}) outside audio of {len(audio)} samples")
+    piece = _read(audio, seg.start, seg.end)
     min_len = int(min_seconds * sample_rate)
     if piece.shape[0] < min_len:
         piece = np.pad(piece, (0, min_len - piece.shape[0]))

@@ -361,29 +361,34 @@ def split_text(text: str, max_width: int = 42, max_lines: int = 2) -> list[str]:
 
 
 def frame_energy_db(
-    audio: np.ndarray,
+    audio,
     sample_rate: int = SAMPLE_RATE,
     frame_seconds: float = _FRAME_SECONDS,
     smooth_frames: int = _SMOOTH_FRAMES,
 ) -> np.ndarray:
     """Mean power per frame in dB (full scale = 0 dB), smoothed over smooth_frames frames.
 
-    Frame f covers samples [f * hop, (f + 1) * hop); the last, partial frame is included.
+    Frame f covers samples [f * hop, (f + 1) * hop); the last, partial frame is included. `audio` is
+    an array, or a decoded signal (decode.Signal) read block by block.
     """
-    x = np.asarray(audio).reshape(-1)
+    if hasattr(audio, "read"):
+        read, total = audio.read, len(audio)
+    else:
+        x = np.asarray(audio).reshape(-1)
+        read, total = (lambda a, b: x[a:b]), x.shape[0]
     hop = max(1, int(round(frame_seconds * sample_rate)))
-    n = -(-x.shape[0] // hop)
+    n = -(-total // hop)
     if n == 0:
         return np.zeros(0)
-    full = x.shape[0] // hop
+    full = total // hop
     power = np.empty(n)
-    frames = x[: full * hop].reshape(full, hop)
     # Blocks keep the float64 temporaries small for hours of audio.
     for s in range(0, full, _ENERGY_BLOCK_FRAMES):
-        block = frames[s : s + _ENERGY_BLOCK_FRAMES].astype(np.float64)
-        power[s : s + block.shape[0]] = np.mean(block * block, axis=1)
+        count = min(_ENERGY_BLOCK_FRAMES, full - s)
+        block = read(s * hop, (s + count) * hop).reshape(count, hop).astype(np.float64)
+        power[s : s + count] = np.mean(block * block, axis=1)
     if n > full:
-        tail = x[full * hop :].astype(np.float64)
+        tail = read(full * hop, total).astype(np.float64)
         power[-1] = np.mean(tail * tail)
     if smooth_frames > 1 and n > 1:
         kernel = np.ones(smooth_frames) / smooth_frames
@@ -489,6 +494,7 @@ def build_cues(
     No cue ends after `duration` seconds (default: the audio's length, when it is given).
     """
     options = options or CueOptions()
+    # The audio may be an array or a decoded signal read by range (long files are not held whole).
     energy = frame_energy_db(audio, sample_rate) if audio is not None and len(audio) else None
     if duration is None and audio is not None:
         duration = len(audio) / sample_rate

@@ -15,7 +15,7 @@ from official import official_module
 from transformers import WhisperFeatureExtractor
 from transformers.utils import is_torch_available
 
-from mlx_qwen3asr import audio as audio_mod
+from mlx_qwen3asr import decode as audio_mod
 from mlx_qwen3asr.audio import (
     AUDIO_EXTENSIONS,
     HOP_LENGTH,
@@ -24,14 +24,12 @@ from mlx_qwen3asr.audio import (
     SAMPLE_RATE,
     AudioError,
     audio_token_count,
-    load_audio,
     log_mel_spectrogram,
     mel_filters,
     mel_frame_count,
     prepare_audio,
-    probe_seconds,
-    read_audio,
 )
+from mlx_qwen3asr.decode import load_audio, probe_seconds, read_audio
 
 MEL_TOL = 1e-4
 
@@ -642,7 +640,7 @@ def test_truncated_file_is_read_in_part_with_a_warning(minute, ext, capfd):
 
 
 def test_native_chatter_is_captured_and_other_output_kept(capfd):
-    from mlx_qwen3asr.audio import _native_stderr
+    from mlx_qwen3asr.decode import _native_stderr
 
     notes: list[str] = []
     with _native_stderr(notes):

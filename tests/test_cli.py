@@ -22,7 +22,7 @@ import webvtt
 from mlx_qwen3asr.cli.main import main
 from reference import test_signal
 
-import mlx_qwen3asr.audio as audio_module
+import mlx_qwen3asr.decode as audio_module
 from mlx_qwen3asr.batch import find_inputs, is_up_to_date, output_stem, plan_jobs
 from mlx_qwen3asr.subtitles import text_width
 

@@ -1,0 +1,600 @@
+"""Reading audio files: decoded once, in blocks, to 16 kHz mono; long ones kept on disk, read by range.
+
+Formats libsndfile knows go through soundfile; m4a/aac/video containers (and anything soundfile rejects,
+when ffmpeg is installed) through an ffmpeg subprocess. Blocks are mixed to mono and resampled with a
+soxr stream as they come (the same samples as resampling the whole file at once), so memory stays flat
+however long a file is: past SPILL_SECONDS the samples go to an unnamed temporary file, and segments,
+cut points and subtitle timing read them back by range. The official normalisation (divide by the peak
+when it exceeds full scale) is applied as samples are read.
+
+Anything but a regular file is refused before it is opened; a file that decodes to clearly less than
+its header states is kept, with a warning naming both durations; native decoders' chatter on stderr
+is captured and turned into our own message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import re
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from .audio import _FFMPEG_EXTENSIONS, _SOUNDFILE_EXTENSIONS, SAMPLE_RATE, AudioError, prepare_audio
+
+# Decoded audio longer than this goes to an unnamed temporary file instead of memory (19 MB a 5 min).
+SPILL_SECONDS = 300.0
+# A file decoding to less than its header states by more than this (and 1%) is reported truncated.
+TRUNCATION_SECONDS = 0.5
+# Frames per decoded block.
+DECODE_BLOCK = 1 << 16
+# Sun AU encoding code for 32-bit IEEE float samples.
+_AU_FLOAT32 = 6
+_FFMPEG_HINT = "install it with 'brew install ffmpeg' (macOS) or your package manager"
+# Lines native decoders (libmpg123 inside libsndfile) print on the process's stderr.
+_NATIVE_CHATTER = re.compile(r"^(Note|Warning|Error): |^\[src/libmpg123|mpg123")
+_CAPTURE_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoded samples: in memory, or on disk for long files
+# --------------------------------------------------------------------------------------------------
+
+
+class Signal:
+    """Mono 16 kHz float32 samples, normalised, read by range. `len()` is the number of samples."""
+
+    num_samples: int = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        x = self.samples()
+        return x if dtype is None else x.astype(dtype)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def samples(self) -> np.ndarray:
+        """All of it in memory (for API callers that want an array)."""
+        return self.read(0, self.num_samples)
+
+    def blocks(self, size: int = 1 << 20) -> Iterator[np.ndarray]:
+        for start in range(0, self.num_samples, size):
+            yield self.read(start, min(start + size, self.num_samples))
+
+    def peak(self) -> float:
+        return max((float(np.max(np.abs(b))) for b in self.blocks() if b.size), default=0.0)
+
+    def close(self) -> None:
+        pass
+
+
+class ArraySignal(Signal):
+    def __init__(self, samples: np.ndarray):
+        self.array = np.ascontiguousarray(samples, dtype=np.float32)
+        self.num_samples = int(self.array.shape[0])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.array[max(0, start) : max(0, stop)]
+
+    def samples(self) -> np.ndarray:
+        return self.array
+
+
+class FileSignal(Signal):
+    """Samples in an unnamed temporary file (gone when closed, or when the process ends however it ends)."""
+
+    def __init__(self, file: BinaryIO, num_samples: int, peak: float):
+        self.file, self.num_samples = file, num_samples
+        # As prepare_audio: divided by the peak only when it exceeds full scale.
+        self.scale = np.float32(peak) if peak > 1.0 else None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        start, stop = max(0, start), min(max(0, stop), self.num_samples)
+        if stop <= start:
+            return np.zeros(0, np.float32)
+        raw = os.pread(self.file.fileno(), 4 * (stop - start), 4 * start)
+        x = np.frombuffer(raw, dtype=np.float32)
+        if self.scale is not None:
+            x = x / self.scale
+        return np.clip(x, -1.0, 1.0)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _SignalWriter:
+    """Collects resampled mono blocks; spills to a temporary file once they pass SPILL_SECONDS."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.blocks: list[np.ndarray] = []
+        self.count = 0
+        self.peak = 0.0
+        self.file: BinaryIO | None = None
+
+    def add(self, x: np.ndarray) -> None:
+        if not x.size:
+            return
+        if not np.isfinite(x).all():
+            raise AudioError(self.path, "audio contains NaN or infinite samples")
+        self.peak = max(self.peak, float(np.max(np.abs(x))))
+        self.count += x.size
+        if self.file is None and self.count > SPILL_SECONDS * SAMPLE_RATE:
+            self.file = tempfile.TemporaryFile(prefix="mlxasr-audio-")
+            for block in self.blocks:
+                self._write(block)
+            self.blocks = []
+        if self.file is None:
+            self.blocks.append(x)
+        else:
+            self._write(x)
+
+    def _write(self, x: np.ndarray) -> None:
+        try:
+            self.file.write(np.ascontiguousarray(x, dtype=np.float32).tobytes())
+        except OSError as e:
+            raise AudioError(
+                self.path, f"no room for the decoded audio in {tempfile.gettempdir()} ({e.strerror})"
+            ) from None
+
+    def finish(self, length: int) -> Signal:
+        """The signal, trimmed or zero-padded to `length` samples (as librosa's resample(fix=True))."""
+        if self.file is None:
+            x = np.concatenate(self.blocks) if self.blocks else np.zeros(0, np.float32)
+            x = x[:length] if x.size >= length else np.pad(x, (0, length - x.size))
+            return ArraySignal(prepare_audio(x, SAMPLE_RATE))
+        if self.count > length:
+            self.file.truncate(4 * length)
+        elif self.count < length:
+            self._write(np.zeros(length - self.count, np.float32))
+        self.file.flush()
+        peak = self.peak
+        return FileSignal(self.file, length, peak)
+
+    def discard(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Opening, decoding in blocks
+# --------------------------------------------------------------------------------------------------
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _extension(path: str) -> str:
+    return os.path.splitext(path)[1].lower().lstrip(".")
+
+
+@contextlib.contextmanager
+def _native_stderr(notes: list[str]) -> Iterator[None]:
+    """Capture what native code writes to file descriptor 2 while the block runs.
+
+    Decoder chatter goes into `notes` (it names no file; the caller turns it into its own message).
+    Anything else written meanwhile (another thread's messages) is passed on once the block ends.
+    """
+    with _CAPTURE_LOCK, tempfile.TemporaryFile() as sink:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            others = []
+            for line in sink.read().decode("utf-8", "replace").splitlines():
+                if _NATIVE_CHATTER.search(line):
+                    notes.append(_one_line(line))
+                elif line.strip():
+                    others.append(line)
+            if others:
+                os.write(2, ("\n".join(others) + "\n").encode("utf-8", "replace"))
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "is a directory, not a file"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "is a socket, not a regular file"),
+    (stat.S_ISCHR, "is a character device, not a regular file"),
+    (stat.S_ISBLK, "is a block device, not a regular file"),
+)
+
+
+def not_regular_reason(mode: int) -> str | None:
+    """Why a file of this st_mode is no audio file to open (a FIFO would block forever), or None."""
+    for test, reason in _FILE_KINDS:
+        if test(mode):
+            return reason
+    return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """Open a regular, non-empty file for reading; anything else is an AudioError, and never blocks."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise AudioError(path, "no such file") from None
+    except IsADirectoryError:
+        raise AudioError(path, "is a directory, not a file") from None
+    except PermissionError:
+        raise AudioError(path, "permission denied") from None
+    except OSError as e:
+        reason = "symbolic link loop" if e.errno == errno.ELOOP else _one_line(e.strerror or str(e))
+        raise AudioError(path, reason) from None
+    st = os.fstat(fd)
+    reason = not_regular_reason(st.st_mode)
+    if reason is None and st.st_size == 0:
+        reason = "file is empty"
+    if reason is not None:
+        os.close(fd)
+        raise AudioError(path, reason)
+    return os.fdopen(fd, "rb")
+
+
+def _wav_declared_frames(f: BinaryIO) -> int | None:
+    """Frames a RIFF/WAVE header declares in its data chunk (libsndfile reports what is present)."""
+    head = os.pread(f.fileno(), 1 << 16, 0)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos, block_align = 12, 0
+    while pos + 8 <= len(head):
+        cid, size = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
+        if cid == b"fmt " and pos + 22 <= len(head):
+            block_align = struct.unpack("<H", head[pos + 20 : pos + 22])[0]
+        elif cid == b"data":
+            # 0 and 0xFFFFFFFF are what streaming writers put when they cannot know the length.
+            if block_align == 0 or size in (0, 0xFFFFFFFF):
+                return None
+            return size // block_align
+        pos += 8 + size + (size & 1)
+    return None
+
+
+@dataclass
+class _Source:
+    """A decoder in progress: its format, and blocks of (frames, channels) float32 samples."""
+
+    rate: int
+    header_seconds: float | None
+    blocks: Iterator[np.ndarray]
+    stopped: list[str] = field(default_factory=list)  # why it stopped early, when it did
+    close: object = None  # callable releasing the decoder
+
+
+class _DecodeFailed(Exception):
+    """The decoder produced nothing; the message is its reason."""
+
+
+def _soundfile_source(f: BinaryIO, notes: list[str]) -> _Source:
+    with _native_stderr(notes):
+        snd = sf.SoundFile(f)
+    declared = _wav_declared_frames(f) if snd.format == "WAV" else None
+    frames = declared if declared is not None else (snd.frames if snd.frames > 0 else None)
+    rate = int(snd.samplerate)
+    source = _Source(rate, None if frames is None else frames / rate, iter(()), close=snd.close)
+
+    def blocks() -> Iterator[np.ndarray]:
+        got = 0
+        while True:
+            try:
+                # float32 like librosa.load, which is what the official pipeline reads files with.
+                with _native_stderr(notes):
+                    block = snd.read(DECODE_BLOCK, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as e:
+                reason = _one_line(getattr(e, "error_string", None) or str(e)).strip(" .:")
+                if not got:
+                    raise _DecodeFailed(reason) from None
+                source.stopped.append(reason)
+                return
+            if len(block) == 0:
+                return
+            got += len(block)
+            yield block
+
+    source.blocks = blocks()
+    return source
+
+
+def _ffprobe_seconds(path: str) -> float | None:
+    """The container's duration (ffprobe, when installed), or None."""
+    ffprobe = shutil.which("ffprobe")
+    if ffprobe is None:
+        return None
+    cmd = [ffprobe, "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0"]
+    try:
+        out = subprocess.run([*cmd, "file:" + os.path.abspath(path)], capture_output=True, timeout=60)
+        seconds = float(out.stdout.decode().strip() or "nan")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def _ffmpeg_source(path: str, ffmpeg: str) -> _Source:
+    """The first audio stream at its native rate and channel count, streamed from an ffmpeg process.
+
+    Mixing and resampling stay with us: ffmpeg's own `-ac 1` sums stereo at 1/sqrt(2) per channel (3 dB
+    louder than the official mean) and its resampler is not soxr. Sun AU output gives the rate and
+    channel count in a fixed header; float samples avoid int16 rounding.
+    """
+    # "file:" stops ffmpeg from reading a ':' in the name as a protocol.
+    url = "file:" + os.path.abspath(path)
+    cmd = [
+        ffmpeg,
+        "-nostdin",
+        "-v",
+        "error",
+        "-i",
+        url,
+        "-map",
+        "0:a:0",
+        "-c:a",
+        "pcm_f32be",
+        "-f",
+        "au",
+        "-",
+    ]
+    errors = tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+    except OSError as e:
+        errors.close()
+        raise AudioError(path, f"could not run ffmpeg ({_one_line(str(e))})") from None
+
+    def complaint() -> tuple[str, str]:
+        proc.wait()
+        errors.seek(0)
+        err = errors.read().decode("utf-8", "replace").replace(url + ": ", "")
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        return err, (_one_line(lines[-1]).rstrip(".") if lines else f"exit status {proc.returncode}")
+
+    def fail() -> AudioError:
+        err, reason = complaint()
+        if "matches no streams" in err:
+            return AudioError(path, "contains no audio stream")
+        if "Invalid data found" in reason:
+            return AudioError(path, f"not an audio file ({reason})")
+        if proc.returncode == 0:
+            return AudioError(path, "ffmpeg produced no audio")
+        return AudioError(path, f"ffmpeg could not decode the file ({reason})")
+
+    def close() -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        errors.close()
+
+    head = proc.stdout.read(24)
+    if len(head) < 24 or head[:4] != b".snd":
+        error = fail()
+        close()
+        raise error
+    offset, _, encoding, rate, channels = struct.unpack(">5I", head[4:24])
+    if encoding != _AU_FLOAT32 or rate == 0 or channels == 0 or offset < 24:
+        close()
+        raise AudioError(path, "ffmpeg produced an unexpected stream")
+    proc.stdout.read(offset - 24)
+    source = _Source(int(rate), None, iter(()), close=close)
+
+    def blocks() -> Iterator[np.ndarray]:
+        frame = 4 * channels
+        rest = b""
+        got = 0
+        while True:
+            data = proc.stdout.read(DECODE_BLOCK * frame)
+            if not data:
+                break
+            data = rest + data
+            whole = len(data) // frame * frame  # a torn tail would shift every channel after it
+            rest = data[whole:]
+            if whole:
+                got += whole // frame
+                yield np.frombuffer(data[:whole], dtype=">f4").astype(np.float32).reshape(-1, channels)
+        err, reason = complaint()
+        if proc.returncode != 0:
+            if not got:
+                raise fail()
+            source.stopped.append(reason)
+
+    source.blocks = blocks()
+    return source
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a file
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DecodedAudio:
+    """A file's samples (mono, 16 kHz, normalised) and what the decode found out about the file."""
+
+    signal: Signal
+    seconds: float  # decoded length, at the file's own rate
+    header_seconds: float | None = None  # what the header or container states, when it says
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def samples(self) -> np.ndarray:
+        return self.signal.samples()
+
+    @property
+    def truncated(self) -> bool:
+        """Decoded clearly less than the header states: a cut-off download or a damaged file."""
+        if self.header_seconds is None:
+            return False
+        return self.header_seconds - self.seconds > max(TRUNCATION_SECONDS, 0.01 * self.header_seconds)
+
+
+def _drain(path: str, source: _Source) -> tuple[Signal, float]:
+    """Mix, resample and store every block of a source; returns the signal and the decoded seconds."""
+    writer = _SignalWriter(path)
+    resampler = None
+    if source.rate != SAMPLE_RATE:
+        resampler = soxr.ResampleStream(source.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+    frames = 0
+    try:
+        for block in source.blocks:
+            frames += block.shape[0]
+            mono = block[:, 0] if block.shape[1] == 1 else np.mean(block, axis=-1, dtype=np.float32)
+            writer.add(mono if resampler is None else resampler.resample_chunk(mono, last=False))
+        if resampler is not None:
+            writer.add(resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        if frames == 0:
+            raise AudioError(path, "contains no audio samples")
+        length = math.ceil(frames * (float(SAMPLE_RATE) / source.rate)) if resampler is not None else frames
+        return writer.finish(length), frames / source.rate
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        if callable(source.close):
+            source.close()
+
+
+def _decoder_note(notes: list[str]) -> str:
+    return f" (decoder: {notes[0]})" if notes else ""
+
+
+def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
+    """Decode an audio file to float32 mono 16 kHz, normalised like the official pipeline.
+
+    A file that decodes to clearly less than its header states is returned with a warning (and
+    `truncated`); libsndfile giving up at damaged data is retried with ffmpeg. Raises AudioError.
+    """
+    path = os.fspath(path)
+    ext = _extension(path)
+    ffmpeg = shutil.which("ffmpeg")
+    notes: list[str] = []
+    warnings: list[str] = []
+    damaged: str | None = None
+    with _open_regular(path) as f:
+        if ext in _FFMPEG_EXTENSIONS:
+            if ffmpeg is None:
+                raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}")
+            source = _ffmpeg_source(path, ffmpeg)
+            signal, seconds = _drain(path, source)
+            source.header_seconds = _ffprobe_seconds(path)
+        else:
+            try:
+                source = _soundfile_source(f, notes)
+                signal, seconds = _drain(path, source)
+            except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
+                # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
+                reason = _one_line(getattr(e, "error_string", None) or str(e)).rstrip(".")
+                if "does not exist or is not a regular file" in reason:
+                    # libsndfile's message when its mp3 decoder finds no frames; the file was checked above.
+                    reason = "no audio frames found"
+                if ffmpeg is not None:
+                    try:
+                        source = _ffmpeg_source(path, ffmpeg)
+                        signal, seconds = _drain(path, source)
+                    except AudioError:
+                        raise AudioError(
+                            path, f"not an audio file ({reason}){_decoder_note(notes)}"
+                        ) from None
+                    source.header_seconds = _ffprobe_seconds(path)
+                    notes.clear()
+                elif ext and ext not in _SOUNDFILE_EXTENSIONS:
+                    raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}") from None
+                else:
+                    raise AudioError(path, f"not an audio file ({reason}){_decoder_note(notes)}") from None
+            if source.stopped and ffmpeg is not None:
+                # libsndfile gives up at damaged data; ffmpeg resynchronises past it.
+                try:
+                    again = _ffmpeg_source(path, ffmpeg)
+                    again_signal, again_seconds = _drain(path, again)
+                except AudioError:
+                    again = None
+                if again is not None and again_seconds > seconds + TRUNCATION_SECONDS:
+                    damaged = f"damaged audio data at {seconds:.1f} s ({source.stopped[0]}); decoded past it with ffmpeg"
+                    signal.close()
+                    again.header_seconds = source.header_seconds
+                    signal, seconds, source = again_signal, again_seconds, again
+                    notes.clear()
+                elif again is not None:
+                    again_signal.close()
+
+    decoded = DecodedAudio(signal, seconds, source.header_seconds, warnings)
+    stopped = source.stopped[0] if source.stopped else None
+    if decoded.truncated:
+        how = f" ({stopped})" if stopped else ""
+        warnings.append(
+            f"decoded {seconds:.1f} s of the {decoded.header_seconds:.1f} s its header states; "
+            f"the file looks truncated{how}"
+        )
+    elif damaged:
+        warnings.append(damaged)
+    elif stopped:
+        warnings.append(f"decoding stopped early at {seconds:.1f} s ({stopped})")
+    elif any("Illegal Audio-MPEG-Header" in n or "resync" in n.lower() or "Skipped" in n for n in notes):
+        warnings.append(f"damaged audio frames were skipped{_decoder_note(notes)}")
+    return decoded
+
+
+def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
+    """A file's samples as one array: float32 mono 16 kHz, normalised like the official pipeline."""
+    decoded = read_audio(path)
+    try:
+        return decoded.samples
+    finally:
+        decoded.signal.close()
+
+
+def probe_seconds(path: str | os.PathLike[str]) -> float | None:
+    """The duration a libsndfile-readable file's header states, read without decoding; None when that
+    is unknown or the path is not a regular file (which is never opened). Decoder chatter is held back."""
+    path = os.fspath(path)
+    try:
+        f = _open_regular(path)
+    except AudioError:
+        return None
+    notes: list[str] = []
+    with f:
+        try:
+            with _native_stderr(notes):
+                info = sf.info(f)
+        except Exception:  # any format or I/O problem just means "unknown"
+            return None
+        declared = _wav_declared_frames(f) if info.format == "WAV" else None
+    frames = declared if declared is not None else info.frames
+    if info.samplerate > 0 and frames > 0:
+        return frames / info.samplerate
+    return None
+
+
+__all__ = [
+    "ArraySignal",
+    "DecodedAudio",
+    "FileSignal",
+    "Signal",
+    "load_audio",
+    "not_regular_reason",
+    "probe_seconds",
+    "read_audio",
+]

@@ -1,0 +1,95 @@
+"""Long files are decoded to a temporary file and read back by range: the same samples, cuts, cue timing
+and transcripts as holding them whole, without memory growing with their length."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+import soundfile as sf
+from reference import test_signal
+
+import mlx_qwen3asr
+from mlx_qwen3asr import decode
+from mlx_qwen3asr.decode import ArraySignal, FileSignal, read_audio
+from mlx_qwen3asr.segment import segment_audio, split_on_silence
+from mlx_qwen3asr.subtitles import frame_energy_db
+
+
+def stereo_file(path, seconds: float, rate: int = 44100, gain: float = 1.0) -> None:
+    left = test_signal(seconds, seed=1, sample_rate=rate)
+    right = test_signal(seconds, seed=2, sample_rate=rate)
+    sf.write(path, gain * np.stack([left, 0.7 * right], axis=1), rate, subtype="FLOAT")
+
+
+def both_ways(path, monkeypatch):
+    """(decoded whole in memory, decoded through a temporary file) of the same file."""
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 1e9)
+    whole = read_audio(path)
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 5.0)
+    spilled = read_audio(path)
+    return whole, spilled
+
+
+@pytest.mark.parametrize("gain", [0.5, 3.0])  # 3.0: over full scale, so the peak normalisation applies
+def test_spilled_samples_equal_the_whole_decode(tmp_path, monkeypatch, gain):
+    path = tmp_path / "long.wav"
+    stereo_file(path, 40.0, gain=gain)
+    whole, spilled = both_ways(path, monkeypatch)
+    assert isinstance(whole.signal, ArraySignal) and isinstance(spilled.signal, FileSignal)
+    a, b = whole.samples, spilled.samples
+    assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+    assert float(np.max(np.abs(b))) <= 1.0
+    # Reads by range are slices of the same samples.
+    for start, stop in [(0, 10), (123_456, 200_000), (len(a) - 5, len(a) + 50)]:
+        np.testing.assert_array_equal(spilled.signal.read(start, stop), a[start:stop])
+    # Cuts, segment samples and cue energies are computed from ranges alike.
+    spans = split_on_silence(spilled.signal, max_seconds=12.0)
+    assert spans == split_on_silence(a, max_seconds=12.0) and len(spans) >= 4
+    for span in spans:
+        np.testing.assert_array_equal(segment_audio(spilled.signal, span), segment_audio(a, span))
+    np.testing.assert_array_equal(frame_energy_db(spilled.signal), frame_energy_db(a))
+    assert spilled.signal.peak() == pytest.approx(float(np.max(np.abs(a))))
+
+
+def test_streamed_ffmpeg_decode_equals_the_whole_decode(tmp_path, monkeypatch):
+    wav = tmp_path / "src.wav"
+    stereo_file(wav, 30.0, rate=48000)
+    path = tmp_path / "long.mkv"
+    cmd = ["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", str(wav), "-c:a", "flac", str(path)]
+    subprocess.run(cmd, check=True)
+    whole, spilled = both_ways(path, monkeypatch)
+    assert isinstance(spilled.signal, FileSignal)
+    np.testing.assert_array_equal(whole.samples, spilled.samples)
+    assert spilled.seconds == pytest.approx(30.0, abs=0.01) and not spilled.warnings
+
+
+def test_the_temporary_file_has_no_name_and_closes(tmp_path, monkeypatch):
+    path = tmp_path / "long.flac"
+    sf.write(path, test_signal(20.0, seed=4), 16000)
+    before = set(os.listdir(tempfile.gettempdir()))
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 5.0)
+    decoded = read_audio(path)
+    assert isinstance(decoded.signal, FileSignal)
+    assert set(os.listdir(tempfile.gettempdir())) - before == set()  # unlinked: nothing left behind
+    decoded.signal.close()
+    assert decoded.signal.file.closed
+
+
+def test_a_spilled_file_transcribes_like_a_held_one(checkpoints, tmp_path, monkeypatch):
+    model = mlx_qwen3asr.load(checkpoints("tiny"))
+    path = tmp_path / "talk.wav"
+    stereo_file(path, 70.0, rate=22050)
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 1e9)
+    held = mlx_qwen3asr.transcribe(model, str(path))
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 10.0)
+    spilled = mlx_qwen3asr.transcribe(model, str(path))
+    assert len(held.segments) == len(spilled.segments) == 3
+    assert [(s.start, s.end, s.text) for s in held.segments] == [
+        (s.start, s.end, s.text) for s in spilled.segments
+    ]
+    assert held.duration == spilled.duration
