@@ -102,29 +102,23 @@ def _resize(section: dict, sizes: dict) -> None:
             section[key] = value
 
 
+def published_config(
+    preset: str, layout: str = "release", metadata_dir: Path = DEFAULT_METADATA_DIR, tied: bool | None = None
+) -> dict:
+    """The published config.json of the preset in `layout`, resized for the tiny presets."""
+    p = PRESETS[preset]
+    config = _read_json(metadata_dir / (p.release if layout == "release" else p.hf) / "config.json")
+    sections = config["thinker_config"] if layout == "release" else config
+    if p.tiny:
+        _resize(sections["audio_config"], TINY_AUDIO)
+        _resize(sections["text_config"], TINY_TEXT)
+    if tied is not None:
+        sections["text_config"]["tie_word_embeddings"] = tied
+    return config
+
+
 def release_config(preset: str, metadata_dir: Path = DEFAULT_METADATA_DIR, tied: bool | None = None) -> dict:
-    """The published release config.json of the preset, resized for the tiny presets."""
-    p = PRESETS[preset]
-    config = _read_json(metadata_dir / p.release / "config.json")
-    thinker = config["thinker_config"]
-    if p.tiny:
-        _resize(thinker["audio_config"], TINY_AUDIO)
-        _resize(thinker["text_config"], TINY_TEXT)
-    if tied is not None:
-        thinker["text_config"]["tie_word_embeddings"] = tied
-    return config
-
-
-def hf_config(preset: str, metadata_dir: Path = DEFAULT_METADATA_DIR, tied: bool | None = None) -> dict:
-    """The published `-hf` config.json of the preset, resized for the tiny presets."""
-    p = PRESETS[preset]
-    config = _read_json(metadata_dir / p.hf / "config.json")
-    if p.tiny:
-        _resize(config["audio_config"], TINY_AUDIO)
-        _resize(config["text_config"], TINY_TEXT)
-    if tied is not None:
-        config["text_config"]["tie_word_embeddings"] = tied
-    return config
+    return published_config(preset, "release", metadata_dir, tied)
 
 
 def is_aligner(config: dict) -> bool:
@@ -392,7 +386,9 @@ def write_checkpoint(
             shutil.copyfile(tokenizer_dir / name, out / name)
     else:
         if p.tiny or tie_word_embeddings is not None:
-            text = json.dumps(hf_config(preset, metadata_dir, tie_word_embeddings), indent=2) + "\n"
+            text = (
+                json.dumps(published_config(preset, "hf", metadata_dir, tie_word_embeddings), indent=2) + "\n"
+            )
             (out / "config.json").write_text(text, encoding="utf-8")
         else:
             shutil.copyfile(metadata_dir / p.hf / "config.json", out / "config.json")
