@@ -47,7 +47,7 @@ from mlx_qwen3asr.batch import (
     write_outputs,
 )
 from mlx_qwen3asr.loading import DTYPES, load, require_kind
-from mlx_qwen3asr.prompt import resolve_language
+from mlx_qwen3asr.prompt import ContextTooLongError, prompt_prefix_ids, resolve_language
 from mlx_qwen3asr.result import Segment
 from mlx_qwen3asr.scheduler import (
     DEFAULT_MAX_SEGMENT_SECONDS,
@@ -740,6 +740,12 @@ def _transcribe_all(
         require_kind(model, "asr")  # a forced aligner reads its timestamp classes as words
     except Exception as e:  # missing, unreadable, mismatched or wrong-kind checkpoints stop the run here
         report.error(_model_error(args.model, e))
+        return EXIT_USAGE
+    try:
+        prompt_prefix_ids(model.tokenizer, options.context)  # the context's length needs the tokenizer
+    except ContextTooLongError as e:
+        where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
+        report.error(f"{where}: {e}")
         return EXIT_USAGE
     report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")
 

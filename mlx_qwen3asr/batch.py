@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile as sf
 
 from .audio import AUDIO_EXTENSIONS, SAMPLE_RATE
+from .decode import not_regular_reason, probe_seconds
 from .result import Transcription
 from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS
 from .subtitles import Cue, CueOptions, build_cues
@@ -30,7 +30,6 @@ __all__ = [
     "TranscribeOptions",
     "estimate_duration",
     "existing_outputs",
-    "file_kind",
     "find_inputs",
     "is_audio_name",
     "is_silent",
@@ -95,25 +94,6 @@ def _stat_reason(path: str | os.PathLike[str], e: OSError) -> str:
     return _reason(e)
 
 
-def file_kind(mode: int) -> str | None:
-    """What a file that is neither a regular file nor a folder is ("a FIFO"); None for those two."""
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    for test, kind in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return kind
-    return "a special file"
-
-
-def _not_regular(mode: int) -> str:
-    return f"is {file_kind(mode)}, not a regular file"
-
-
 class _Finder:
     def __init__(self) -> None:
         self.files: list[InputFile] = []
@@ -162,7 +142,7 @@ class _Finder:
                     self.add_file(path, st, root)
                 else:
                     # A FIFO would block whoever opens it; devices and sockets are no recordings.
-                    self.errors.append(InputError(str(path), _not_regular(st.st_mode)))
+                    self.errors.append(InputError(str(path), not_regular_reason(st.st_mode)))
 
     def add_argument(self, arg: str | os.PathLike[str]) -> None:
         path = Path(arg)
@@ -180,7 +160,7 @@ class _Finder:
             self.add_file(path, st, None)
         else:
             # Never opened: reading a FIFO nobody writes to would block the whole run.
-            self.errors.append(InputError(os.fspath(arg), _not_regular(st.st_mode)))
+            self.errors.append(InputError(os.fspath(arg), not_regular_reason(st.st_mode)))
 
 
 def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[InputFile], list[InputError]]:
@@ -307,17 +287,9 @@ def is_up_to_date(job: Job) -> bool:
 def probe_duration(path: str | os.PathLike[str]) -> float | None:
     """Duration in seconds from the file header, for formats libsndfile reads; None otherwise.
 
-    Only regular files are read: a FIFO would block.
+    Only regular files are opened (a FIFO would block), and decoder chatter is held back.
     """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        info = sf.info(os.fspath(path))
-    except Exception:  # any format or I/O problem just means "unknown"
-        return None
-    if info.samplerate > 0 and info.frames > 0:
-        return info.frames / info.samplerate
-    return None
+    return probe_seconds(path)
 
 
 def estimate_duration(path: str | os.PathLike[str]) -> float:

@@ -217,7 +217,7 @@ def _native_stderr(notes: list[str]) -> Iterator[None]:
 
 _FILE_KINDS = (
     (stat.S_ISDIR, "is a directory, not a file"),
-    (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file"),
+    (stat.S_ISFIFO, "is a FIFO, not a regular file"),
     (stat.S_ISSOCK, "is a socket, not a regular file"),
     (stat.S_ISCHR, "is a character device, not a regular file"),
     (stat.S_ISBLK, "is a block device, not a regular file"),

@@ -115,6 +115,10 @@ def render_json(
         "duration": result.duration,
         "truncated": any(s.truncated for s in result.segments),
         "repetitive": any(s.repetitive for s in result.segments),
+        # The file decoded to less audio than its header states (a cut-off or damaged file).
+        "audio_truncated": result.header_duration is not None,
+        "header_duration": result.header_duration,
+        "warnings": list(result.warnings),
         "segments": [
             {k: d[k] for k in ("start", "end", "text", "language", "truncated", "repetitive")}
             for d in (_as_dict(s) for s in result.segments)

@@ -579,7 +579,7 @@ def test_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(AudioError) as info:
         _in_thread(lambda: load_audio(fifo))
-    assert str(info.value) == f"{fifo}: is a FIFO (named pipe), not a regular file"
+    assert str(info.value) == f"{fifo}: is a FIFO, not a regular file"
     assert _in_thread(lambda: probe_seconds(fifo)) is None
 
 

@@ -127,3 +127,22 @@ def test_context_over_the_limit_is_refused_before_any_audio_is_read(model, tmp_p
     assert str(err.value).startswith("the context has ") and "\n" not in str(err.value)
     at_limit = context_of(model, MAX_CONTEXT_TOKENS)
     assert len(prompt_prefix_ids(model.tokenizer, at_limit)) > MAX_CONTEXT_TOKENS
+
+
+def test_cli_refuses_an_over_long_context_file_before_writing(checkpoints, tmp_path, capsys):
+    import soundfile as sf
+    from mlx_qwen3asr.cli.main import main as mlxasr
+
+    model = mlx_qwen3asr.load(checkpoints("tiny"))
+    sf.write(tmp_path / "talk.wav", test_signal(2.0, seed=1), 16000)
+    context = tmp_path / "glossary.txt"
+    context.write_text(context_of(model, MAX_CONTEXT_TOKENS + 500), encoding="utf-8")
+    out = tmp_path / "out"
+    rc = mlxasr([str(tmp_path / "talk.wav"), "--srt", "--model", str(checkpoints("tiny"))]
+                + ["--context-file", str(context), "-o", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: --context-file {context}: the context has ")
+    assert f"the limit is {MAX_CONTEXT_TOKENS} tokens" in errors[0]
+    assert not out.exists()

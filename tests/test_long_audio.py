@@ -93,3 +93,37 @@ def test_a_spilled_file_transcribes_like_a_held_one(checkpoints, tmp_path, monke
         (s.start, s.end, s.text) for s in spilled.segments
     ]
     assert held.duration == spilled.duration
+
+
+def test_cli_names_a_truncated_mp3_once_and_prints_no_decoder_chatter(checkpoints, tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    wav = tmp_path / "src.wav"
+    sf.write(wav, test_signal(20.0, seed=5), 16000)
+    full = tmp_path / "full.mp3"
+    subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", str(wav), "-b:a", "64k", str(full)], check=True
+    )
+    cut = tmp_path / "talk.mp3"
+    cut.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    full.unlink()
+    wav.unlink()
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_qwen3asr.cli.main",
+        str(cut),
+        "--json",
+        "--model",
+        str(checkpoints("tiny")),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert "Xing" not in proc.stderr and "Note:" not in proc.stderr and "Illegal" not in proc.stderr
+    truncation = [line for line in proc.stderr.splitlines() if "looks truncated" in line]
+    assert len(truncation) == 1 and truncation[0].startswith(f"warning: {cut}: decoded ")
+    doc = json.loads((tmp_path / "talk.json").read_text())
+    assert doc["audio_truncated"] and doc["header_duration"] == pytest.approx(20.0, abs=0.2)
+    assert doc["duration"] < 15 and any("looks truncated" in w for w in doc["warnings"])
