@@ -742,7 +742,8 @@ def _transcribe_all(
         report.error(_model_error(args.model, e))
         return EXIT_USAGE
     try:
-        prompt_prefix_ids(model.tokenizer, options.context)  # the context's length needs the tokenizer
+        if options.context:
+            prompt_prefix_ids(model.tokenizer, options.context)  # the context's length needs the tokenizer
     except ContextTooLongError as e:
         where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
         report.error(f"{where}: {e}")
