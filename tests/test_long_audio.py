@@ -127,3 +127,28 @@ def test_cli_names_a_truncated_mp3_once_and_prints_no_decoder_chatter(checkpoint
     doc = json.loads((tmp_path / "talk.json").read_text())
     assert doc["audio_truncated"] and doc["header_duration"] == pytest.approx(20.0, abs=0.2)
     assert doc["duration"] < 15 and any("looks truncated" in w for w in doc["warnings"])
+
+
+def test_a_full_temporary_folder_is_one_error_naming_the_file(tmp_path, monkeypatch):
+    import errno
+
+    class Full:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    path = tmp_path / "long.flac"
+    sf.write(path, test_signal(20.0, seed=6), 16000)
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 5.0)
+    real = decode.tempfile.TemporaryFile
+
+    def temporary(**kwargs):  # only the decoded audio's file finds the disk full
+        return Full() if kwargs.get("prefix", "").startswith("mlxasr-audio") else real(**kwargs)
+
+    monkeypatch.setattr(decode.tempfile, "TemporaryFile", temporary)
+    with pytest.raises(mlx_qwen3asr.AudioError) as err:
+        read_audio(path)
+    assert str(err.value).startswith(f"{path}: no room for the decoded audio in ")
+    assert str(err.value).endswith("(No space left on device)")

@@ -210,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32, help="greedy steps compared per checkpoint")
     ap.add_argument("--work", default=None, help="directory for the checkpoints (default: a temporary one)")
     ap.add_argument("--peer-python", default=None, help="python of the peer environment (tools/peers.py)")
+    ap.add_argument(
+        "--no-peer-runs",
+        action="store_true",
+        help="with --peer-python, only build mlx-audio's conversions; do not run the peers on our checkpoints",
+    )
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="layouts-"))
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         made = build(args.preset, work, args.peer_python)
         wav = clip()
         rows = evaluate(made, args.steps, wav)
-        if args.peer_python:
+        if args.peer_python and not args.no_peer_runs:
             import soundfile as sf
 
             wav_path = work / "clip.wav"
