@@ -8,6 +8,17 @@ from typing import Any
 
 
 @dataclass
+class Word:
+    """A word of a segment's text with its time in the audio (from the forced aligner)."""
+
+    text: str  # as written in the transcript, with the punctuation attached to it ("Hello,")
+    start: float  # seconds, in the input's time
+    end: float
+    char_start: int = 0  # the word's span [char_start, char_end) in its segment's text
+    char_end: int = 0
+
+
+@dataclass
 class Segment:
     start: float  # seconds
     end: float
@@ -15,6 +26,10 @@ class Segment:
     language: str
     truncated: bool = False  # the token budget ran out before the model finished
     repetitive: bool = False  # the model ran into a loop; the repetition was collapsed
+    # "aligned": the words were timed by the forced aligner; "estimated": the text is spread over the
+    # segment's speech in proportion to its length (no aligner, or it cannot serve this segment).
+    timing: str = "estimated"
+    words: list[Word] = field(default_factory=list)
 
 
 @dataclass
@@ -55,4 +70,4 @@ def main_language(segments: list[Segment]) -> str:
     return time.most_common(1)[0][0] if time else ""
 
 
-__all__ = ["Segment", "Transcription", "main_language"]
+__all__ = ["Segment", "Transcription", "Word", "main_language"]
