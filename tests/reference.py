@@ -154,3 +154,42 @@ def test_signal(seconds: float, seed: int = 0, sample_rate: int = 16000) -> np.n
 
 
 test_signal.__test__ = False  # a helper, not a test
+
+
+class OfficialAligner:
+    """The official forced aligner on a checkpoint directory, in float32, with the encoder windowed.
+
+    Runs what `qwen_asr.inference.qwen3_forced_aligner.Qwen3ForcedAligner.align` runs for one sample
+    (processor, one thinker forward, argmax at the <timestamp> positions), on a word list given.
+    """
+
+    TIMESTAMP = 151705
+
+    def __init__(self, checkpoint: str | Path):
+        backend = official_module("core.transformers_backend")
+        self.modeling = official_module("core.transformers_backend.modeling_qwen3_asr")
+        from transformers import AutoConfig, AutoProcessor
+
+        AutoConfig.register("qwen3_asr", backend.Qwen3ASRConfig, exist_ok=True)
+        AutoProcessor.register(backend.Qwen3ASRConfig, backend.Qwen3ASRProcessor, exist_ok=True)
+        self.model, info = backend.Qwen3ASRForConditionalGeneration.from_pretrained(
+            str(checkpoint), dtype=torch.float32, output_loading_info=True
+        )
+        if any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+            raise RuntimeError(f"the official aligner did not load {checkpoint} cleanly: {info}")
+        self.model.eval()
+        self.processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=True)
+
+    windowed = OfficialReference.windowed
+
+    @torch.no_grad()
+    def run(self, wav: np.ndarray, words: list[str]) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """(input ids, class at every timestamp position, logits there) for one sample."""
+        text = "<|audio_start|><|audio_pad|><|audio_end|>" + "<timestamp><timestamp>".join(words)
+        text += "<timestamp><timestamp>"
+        inputs = self.processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
+        with self.windowed():
+            logits = self.model.thinker(**inputs).logits[0]
+        ids = inputs["input_ids"][0]
+        at = ids == self.TIMESTAMP
+        return ids.tolist(), logits.argmax(-1)[at].numpy(), logits[at].numpy()

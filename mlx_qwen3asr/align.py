@@ -1,0 +1,111 @@
+"""Forced alignment with Qwen3-ForcedAligner: word times from one forward pass over audio and text.
+
+The aligner is the same thinker as the speech model with its own audio encoder and a head of 5000
+timestamp classes (class k = k x 80 ms). Its prompt has no chat template:
+
+    <|audio_start|> <|audio_pad|> x N <|audio_end|> word1 <timestamp><timestamp> word2 <timestamp><timestamp> ...
+
+Each word's two <timestamp> positions read its start and end class (the argmax of the head there);
+the official longest-non-decreasing repair then makes the times monotonic (words.word_times). Many
+segments are aligned in one padded forward pass: the prompts are padded on the right, so causal
+attention keeps every row as it would be alone, and only the timestamp positions go through the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from .loading import ASRModel, require_kind
+
+TIMESTAMP_TOKEN = "<timestamp>"
+# The official aligner takes at most this much audio per call.
+MAX_SECONDS = 180.0
+# Positions per forward call, as for prefill: bounds the attention scores of long prompts.
+ALIGN_CHUNK = 512
+# Rows per forward call: bounds the key/value memory of a batch of long prompts.
+ALIGN_ROWS = 8
+
+
+@dataclass(frozen=True)
+class AlignerPrompt:
+    ids: list[int]
+    timestamps: list[int]  # positions of the <timestamp> tokens, two per item
+
+
+def aligner_prompt(aligner: ASRModel, n_audio_tokens: int, items: Sequence[str]) -> AlignerPrompt:
+    """The official aligner prompt for these items (words as the aligner sees them)."""
+    require_kind(aligner, "aligner")
+    tok, cfg = aligner.tokenizer, aligner.config
+    stamp = cfg.timestamp_token_id if cfg.timestamp_token_id is not None else tok.token_to_id(TIMESTAMP_TOKEN)
+    ids = [cfg.audio_start_token_id, *([cfg.audio_token_id] * n_audio_tokens), cfg.audio_end_token_id]
+    positions: list[int] = []
+    for item in items:
+        ids.extend(tok.encode(item))
+        positions.extend((len(ids), len(ids) + 1))
+        ids.extend((stamp, stamp))
+    return AlignerPrompt(ids, positions)
+
+
+def timestamp_classes(
+    aligner: ASRModel,
+    prompts: Sequence[AlignerPrompt],
+    features: Sequence[mx.array],
+    keep_logits: bool = False,
+) -> list[np.ndarray]:
+    """The head's argmax class at every timestamp position of each prompt, rows aligned together.
+
+    keep_logits: return the head's logits there instead, (timestamps, classes) per row (parity checks).
+    """
+    require_kind(aligner, "aligner")
+    out: list[np.ndarray] = []
+    for start in range(0, len(prompts), ALIGN_ROWS):
+        rows = slice(start, start + ALIGN_ROWS)
+        out.extend(_classes(aligner, prompts[rows], features[rows], keep_logits))
+    return out
+
+
+def _classes(
+    aligner: ASRModel, prompts: Sequence[AlignerPrompt], features: Sequence[mx.array], keep_logits: bool
+) -> list[np.ndarray]:
+    net = aligner.net
+    width = max(len(p.ids) for p in prompts)
+    pad = 0 if aligner.config.audio_token_id != 0 else 1
+    ids = np.full((len(prompts), width), pad, dtype=np.int32)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt.ids)] = prompt.ids
+    audio = mx.concatenate([f.reshape(-1, f.shape[-1]) for f in features], axis=0)
+    embeds = net.embed(mx.array(ids), audio)
+    # Right padding: a row's pads come after all its tokens, so causal attention keeps rows apart.
+    cache = net.make_cache()
+    wanted = [np.asarray(p.timestamps, dtype=np.int64) for p in prompts]
+    picked: list[list[np.ndarray]] = [[] for _ in prompts]
+    for start in range(0, width, ALIGN_CHUNK):
+        stop = min(start + ALIGN_CHUNK, width)
+        hidden = net.model(embeds[:, start:stop], mask="causal" if stop - start > 1 else None, cache=cache)
+        rows, cols = [], []
+        for row, positions in enumerate(wanted):
+            inside = positions[(positions >= start) & (positions < stop)]
+            rows.extend([row] * inside.size)
+            cols.extend((inside - start).tolist())
+        if rows:
+            gathered = hidden[mx.array(rows), mx.array(cols)]
+            logits = net.logits(gathered)
+            classes = logits if keep_logits else mx.argmax(logits, axis=-1)
+            mx.eval(classes, [c.state for c in cache])
+            values = np.array(classes)
+            offset = 0
+            for row, positions in enumerate(wanted):
+                count = int(((positions >= start) & (positions < stop)).sum())
+                picked[row].append(values[offset : offset + count])
+                offset += count
+        else:
+            mx.eval([c.state for c in cache])
+    empty = np.zeros((0, aligner.config.classify_num) if keep_logits else 0, dtype=np.float32)
+    return [np.concatenate(p) if p else empty for p in picked]
+
+
+__all__ = ["ALIGN_CHUNK", "MAX_SECONDS", "AlignerPrompt", "aligner_prompt", "timestamp_classes"]
