@@ -17,7 +17,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from .subtitles import Cue, clean_text, format_timestamp
+from .subtitles import Cue, clean_text, format_timestamp, to_milliseconds
 from .transcribe import Transcription
 
 __all__ = [
@@ -71,11 +71,54 @@ def render_txt(result: Transcription) -> str:
     return "\n\n".join(paragraphs) + "\n" if paragraphs else ""
 
 
-def render_srt(cues: Sequence[Cue]) -> str:
-    """SubRip: numbered blocks, HH:MM:SS,mmm times, a blank line after each block."""
+def _word_groups(cue: Cue) -> list[tuple[int, list[int]]]:
+    """The cue's words grouped by when they start (milliseconds, within the cue, never decreasing)."""
+    first, last = to_milliseconds(cue.start), to_milliseconds(cue.end)
+    groups: list[tuple[int, list[int]]] = []
+    for k, word in enumerate(cue.words):
+        start = min(max(to_milliseconds(word.start), first), max(first, last - 1))
+        if groups and start <= groups[-1][0]:
+            groups[-1][1].append(k)  # starts no later than the word before: shown together
+        else:
+            groups.append((start, [k]))
+    return groups
+
+
+def _underlined(cue: Cue, spoken: Sequence[int]) -> str:
+    """The cue's text with the given words wrapped in <u>...</u>, line by line."""
+    marks = sorted((cue.words[k].char_start, cue.words[k].char_end) for k in spoken)
+    out, pos = [], 0
+    for start, end in marks:
+        out.append(cue.text[pos:start])
+        out.append("\n".join(f"<u>{line}</u>" if line else "" for line in cue.text[start:end].split("\n")))
+        pos = end
+    out.append(cue.text[pos:])
+    return "".join(out)
+
+
+def _srt_entries(cue: Cue, highlight_words: bool) -> list[tuple[float, float, str]]:
+    if not (highlight_words and cue.words):
+        return [(cue.start, cue.end, cue.text)]
+    groups = _word_groups(cue)
+    entries = []
+    if to_milliseconds(cue.start) < groups[0][0]:
+        entries.append((cue.start, groups[0][0] / 1000, cue.text))
+    for k, (start, spoken) in enumerate(groups):
+        end = groups[k + 1][0] / 1000 if k + 1 < len(groups) else cue.end
+        entries.append((start / 1000, end, _underlined(cue, spoken)))
+    return entries
+
+
+def render_srt(cues: Sequence[Cue], *, highlight_words: bool = False) -> str:
+    """SubRip: numbered blocks, HH:MM:SS,mmm times, a blank line after each block.
+
+    highlight_words: a cue with words becomes one block per word, from its start to the next word's
+    start (the last to the cue's end), showing the cue's text with that word underlined (<u>...</u>).
+    """
+    entries = [entry for c in cues for entry in _srt_entries(c, highlight_words)]
     return "".join(
-        f"{i}\n{format_timestamp(c.start)} --> {format_timestamp(c.end)}\n{c.text}\n\n"
-        for i, c in enumerate(cues, 1)
+        f"{i}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n\n"
+        for i, (start, end, text) in enumerate(entries, 1)
     )
 
 
@@ -84,10 +127,27 @@ def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def render_vtt(cues: Sequence[Cue]) -> str:
-    """WebVTT: the WEBVTT header, then one block per cue with HH:MM:SS.mmm times."""
+def _vtt_text(cue: Cue, highlight_words: bool) -> str:
+    if not (highlight_words and cue.words):
+        return _vtt_escape(cue.text)
+    out, pos = [], 0
+    for start, spoken in _word_groups(cue)[1:]:
+        at = cue.words[spoken[0]].char_start
+        out.append(_vtt_escape(cue.text[pos:at]))
+        out.append(f"<{format_timestamp(start / 1000, '.')}>")
+        pos = at
+    out.append(_vtt_escape(cue.text[pos:]))
+    return "".join(out)
+
+
+def render_vtt(cues: Sequence[Cue], *, highlight_words: bool = False) -> str:
+    """WebVTT: the WEBVTT header, then one block per cue with HH:MM:SS.mmm times.
+
+    highlight_words: in a cue with words, a timestamp tag (<HH:MM:SS.mmm>) before each word after the
+    first says when it is spoken, for players that colour the words already said.
+    """
     blocks = [
-        f"{format_timestamp(c.start, '.')} --> {format_timestamp(c.end, '.')}\n{_vtt_escape(c.text)}\n"
+        f"{format_timestamp(c.start, '.')} --> {format_timestamp(c.end, '.')}\n{_vtt_text(c, highlight_words)}\n"
         for c in cues
     ]
     return "WEBVTT\n\n" + "\n".join(blocks)
@@ -101,6 +161,22 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return asdict(obj) if is_dataclass(obj) else dict(vars(obj))
 
 
+def _ms(seconds: float) -> float:
+    return to_milliseconds(seconds) / 1000
+
+
+def _segment_dict(segment: Any) -> dict[str, Any]:
+    """A segment's times, text, flags, how its words were timed and the words (times in whole ms)."""
+    d = _as_dict(segment)
+    out = {k: d[k] for k in ("start", "end", "text", "language", "truncated", "repetitive")}
+    out["timing"] = d.get("timing", "estimated")
+    out["words"] = [
+        {"text": w["text"], "start": _ms(w["start"]), "end": _ms(w["end"])}
+        for w in (_as_dict(w) if not isinstance(w, Mapping) else w for w in d.get("words") or [])
+    ]
+    return out
+
+
 def render_json(
     result: Transcription,
     cues: Sequence[Cue],
@@ -108,7 +184,8 @@ def render_json(
     model: str | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> str:
-    """Everything in one document: text, language, segments with their flags, cues, model and options."""
+    """Everything in one document: text, language, segments with their flags, timing ("aligned" or
+    "estimated") and words (text, start, end), cues, model and options."""
     doc = {
         "text": result.text,
         "language": result.language,
@@ -119,10 +196,7 @@ def render_json(
         "audio_truncated": result.header_duration is not None,
         "header_duration": result.header_duration,
         "warnings": list(result.warnings),
-        "segments": [
-            {k: d[k] for k in ("start", "end", "text", "language", "truncated", "repetitive")}
-            for d in (_as_dict(s) for s in result.segments)
-        ],
+        "segments": [_segment_dict(s) for s in result.segments],
         "cues": [c.to_dict() for c in cues],
         "model": model,
         "options": dict(options or {}),
@@ -139,14 +213,15 @@ def render(
     *,
     model: str | None = None,
     options: Mapping[str, Any] | None = None,
+    highlight_words: bool = False,
 ) -> str:
-    """The document for one of FORMATS."""
+    """The document for one of FORMATS; highlight_words marks the spoken word in SRT and WebVTT cues."""
     if fmt == "txt":
         return render_txt(result)
     if fmt == "srt":
-        return render_srt(cues)
+        return render_srt(cues, highlight_words=highlight_words)
     if fmt == "vtt":
-        return render_vtt(cues)
+        return render_vtt(cues, highlight_words=highlight_words)
     if fmt == "json":
         return render_json(result, cues, model=model, options=options)
     raise ValueError(f"unknown output format {fmt!r}: use one of {', '.join(FORMATS)}")

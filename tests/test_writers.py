@@ -91,6 +91,8 @@ def test_json_holds_everything_and_keeps_non_ascii():
         "language": "Chinese",
         "truncated": True,
         "repetitive": False,
+        "timing": "estimated",
+        "words": [],
     }
     assert doc["cues"][0] == {"start": 0.0, "end": 2.5, "text": CUES[0].text}
     assert doc["model"] == "tiny" and doc["options"]["max_line_width"] == 42
