@@ -1,0 +1,687 @@
+"""mlx_qwen3asr.words against the official aligner's text processing (qwen_asr.inference.qwen3_forced_aligner).
+
+The item texts must be the official word list for every input, the timestamp repair must give the
+official output for every input, and the Korean dictionary must be found (installed package, cache,
+or the official wheel from a local stand-in for PyPI) and checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import importlib.util
+import io
+import json
+import random
+import socket
+import sys
+import threading
+import time
+import types
+import unicodedata
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from official import official_module
+
+from mlx_qwen3asr import words
+from mlx_qwen3asr.words import Item, display_spans, fix_timestamps, split_items, word_times
+
+HAVE_NAGISA = importlib.util.find_spec("nagisa") is not None
+HAVE_SOYNLP = importlib.util.find_spec("soynlp") is not None
+NEEDS_NAGISA = pytest.mark.skipif(
+    not HAVE_NAGISA, reason="nagisa is not installed (pip install nagisa==0.2.11)"
+)
+NEEDS_SOYNLP = pytest.mark.skipif(
+    not HAVE_SOYNLP, reason="soynlp is not installed (pip install soynlp==0.0.493)"
+)
+
+
+def _load_official_aligner() -> types.ModuleType:
+    """The official aligner module. Its audio helpers import librosa, and the module imports nagisa at
+    the top; only its text and timestamp processing is used here, so a missing librosa or nagisa is
+    stood in for while it is imported (and taken out of sys.modules again afterwards)."""
+    name = "inference.qwen3_forced_aligner"
+    stand_ins: dict[str, types.ModuleType] = {}
+    if not HAVE_NAGISA:
+        stand_ins["nagisa"] = types.ModuleType("nagisa")
+    if importlib.util.find_spec("librosa") is None:
+        utils = types.ModuleType("qwen_asr.inference.utils")
+        utils.AudioLike = object
+        utils.ensure_list = utils.normalize_audios = None
+        stand_ins["qwen_asr.inference.utils"] = utils
+    saved = {key: sys.modules.get(key) for key in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        return official_module(name)
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = module
+
+
+@pytest.fixture(scope="module")
+def official():
+    return _load_official_aligner().Qwen3ForceAlignProcessor()
+
+
+@pytest.fixture(autouse=True)
+def fresh_tokenizers():
+    """Each test looks the optional tokenizers and the dictionary up anew (some hide them)."""
+    words._clear_caches()
+    yield
+    words._clear_caches()
+
+
+def official_words(official, text: str, language: str | None) -> list[str]:
+    return official.encode_timestamp(text, language or "English")[0]
+
+
+# --- what the spans must satisfy ------------------------------------------------------------------
+
+
+def nagisa_form(text: str) -> str:
+    """nagisa's input normalisation (NFKC, dotted capital I, spaces), written independently here."""
+    return unicodedata.normalize("NFKC", text).replace("\u0130", "I").replace(" ", "\u3000")
+
+
+def is_subsequence(needle: str, haystack: str) -> bool:
+    rest = iter(haystack)
+    return all(ch in rest for ch in needle)
+
+
+def check_item_spans(text: str, items: list[Item], language: str | None) -> None:
+    """Each item's characters come, in order, from its span, and the span is no wider than that."""
+    japanese = (language or "").lower() == "japanese" and words.official_split_available("Japanese")
+    form = nagisa_form if japanese else str
+    previous_end = 0
+    for item in items:
+        assert item.text, item
+        assert 0 <= item.start < item.end <= len(text), item
+        assert item.start >= previous_end or japanese, f"{item} overlaps the item before it"
+        previous_end = item.end
+        source = form(text[item.start : item.end])
+        assert is_subsequence(item.text, source), f"{item}: {item.text!r} not in {source!r}"
+        assert not is_subsequence(item.text, form(text[item.start + 1 : item.end])), f"{item} starts early"
+        assert not is_subsequence(item.text, form(text[item.start : item.end - 1])), f"{item} ends late"
+        if not japanese:
+            assert source[0] == item.text[0] and source[-1] == item.text[-1], f"{item} vs {source!r}"
+
+
+def check_display_spans(text: str, items: list[Item]) -> list[tuple[int, int]]:
+    spans = display_spans(text, items)
+    assert len(spans) == len(items)
+    if not items:
+        return spans
+    previous_end = 0
+    previous_item_end = 0
+    for (start, end), item in zip(spans, items):
+        assert previous_end <= start <= end <= len(text), (spans, items)
+        if item.start >= previous_item_end:  # an item of its own source characters keeps them
+            assert start <= item.start and item.end <= end, (item, (start, end))
+        previous_end = end
+        previous_item_end = max(previous_item_end, item.end)
+    covered = [False] * len(text)
+    for start, end in spans:
+        for position in range(start, end):
+            covered[position] = True
+    uncovered = [text[p] for p in range(len(text)) if not covered[p] and not text[p].isspace()]
+    assert not uncovered, f"{text!r}: {uncovered} is in no span ({spans})"
+    return spans
+
+
+# --- split_items against the official word list --------------------------------------------------
+
+TEXTS = [
+    ("English", "Hello, world! It's 3:45 p.m. and I've got $1,234.56 — don't worry."),
+    ("English", "Rock 'n' roll, the '90s and O'Neil's cat... \"quoted\" (parenthesised) e-mail a/b 5km 2nd"),
+    ("English", ""),
+    ("English", "   \t\n "),
+    ("English", "!!! ... — ???"),
+    ("English", "I love it 👍🏽😀 so much 🎉!"),
+    ("Chinese", "我用iPhone拍了3张照片。"),
+    ("Chinese", "他说：“你好，世界！”然后走了。2024年1月1日，GPT-4发布了。"),
+    ("Chinese", "豈𠀀㐀中文 混合 English单词和数字123。"),
+    ("Cantonese", "佢哋今日去咗旺角食嘢。"),
+    ("German", "Größe, Maß und Übermäßigkeit — „Anführungszeichen“ sind schön. Straße Nr. 5"),
+    ("French", "L'homme d'aujourd'hui n'a qu'un « souhait » : c'est l'été ! Jusqu'à 20 h."),
+    ("Spanish", "¿Qué tal? ¡Muy bien! El niño comió 3 piñas, ¿verdad?"),
+    ("Russian", "Привет, мир! Это тест №1 — ёлка, «кавычки»."),
+    ("Arabic", "مرحبا بالعالم، كيف حالك؟ ١٢٣ رقم."),
+    ("Hindi", "नमस्ते दुनिया, यह एक परीक्षण है।"),
+    ("Thai", "สวัสดีครับ ผมชื่อสมชาย"),
+    ("Vietnamese", "Tiếng Việt có dấu: người, được, những."),
+    ("Greek", "Γειά σου κόσμε; Ελληνικά!"),
+    (None, "e\u0301te\u0301 cafe\u0301, ﬁne ½ Ⅻ ² ＡＢＣ１２３ ｶﾞｷﾞ"),
+    (None, "tabs\tand\u3000ideographic\xa0spaces\u2028line\x1cseparators"),
+    ("English", "under_score hy-phen dot.ted at@sign hash#tag 50% 3×4=12"),
+    ("Japanese", "今日は良い天気ですね。散歩に行きましょう！"),
+    ("Japanese", "「こんにちは」と彼は言った。ＡＢＣ abc　テスト、ｶﾀｶﾅ半角。"),
+    ("Japanese", "2024年1月1日、東京タワーでiPhoneを買いました。"),
+    ("Japanese", "㍻ ™ ½ İstanbul ｶﾞｷﾞ ガ"),
+    ("Japanese", ""),
+    ("Japanese", "　 "),
+    ("Korean", "안녕하세요, 저는 학생입니다."),
+    ("Korean", "대한민국의 수도는 서울입니다! 오늘 날씨가 좋네요 😀"),
+    ("Korean", "2024년에 iPhone을 샀어요. 韓國語와 한자(漢字)도 씁니다."),
+    ("Korean", ""),
+    ("Korean", "  ..  "),
+]
+
+
+def _needs(language: str | None) -> list[pytest.MarkDecorator]:
+    key = (language or "").lower()
+    return [NEEDS_NAGISA] if key == "japanese" else [NEEDS_SOYNLP] if key == "korean" else []
+
+
+@pytest.mark.parametrize(
+    ("language", "text"),
+    [
+        pytest.param(language, text, marks=_needs(language), id=f"{language}-{i}")
+        for i, (language, text) in enumerate(TEXTS)
+    ],
+)
+def test_split_items_matches_official(official, language, text):
+    assert words.official_split_available(language), words.split_fallback_reason(language)
+    items = split_items(text, language)
+    assert [item.text for item in items] == official_words(official, text, language)
+    check_item_spans(text, items, language)
+    check_display_spans(text, items)
+
+
+def random_text(rng: random.Random, alphabet: list[str], length: int) -> str:
+    return "".join(rng.choice(alphabet) for _ in range(length))
+
+
+SPACE_ALPHABET = list(
+    "abcXYZéßжЖمحनमस्ते'0123我你好中豈,.!?¿¡«»“”\"-—:;()「」，。、_/@#% \t\n\u3000\xa0\u2028\x1c"
+) + ["𠀀", "😀", "👍🏽", "\u0301", "\u200d", "ｶﾞ", "ＡＢ１", "²", "Ⅻ", "½", "ﬁ", "  ", "don't"]
+
+
+def test_split_items_matches_official_on_random_texts(official):
+    rng = random.Random(1234)
+    for case in range(400):
+        text = random_text(rng, SPACE_ALPHABET, rng.randint(0, 40))
+        language = ("English", "Chinese", "German", None)[case % 4]
+        items = split_items(text, language)
+        assert [item.text for item in items] == official_words(official, text, language), repr(text)
+        check_item_spans(text, items, language)
+        check_display_spans(text, items)
+
+
+@NEEDS_NAGISA
+def test_split_items_matches_official_on_random_japanese(official):
+    alphabet = list(
+        "あいうえおかきくけこがぎんっーアイウエオカキクケコガギンッ日本語東京今天気学生、。！？「」・（）"
+    )
+    alphabet += list("abcXYZ0123ＡＢＣ１２３ｱｲｳｶﾞﾟ　 '.,-") + ["㍻", "½", "™", "😀", "İ", "e\u0301"]
+    rng = random.Random(99)
+    for _ in range(60):
+        text = random_text(rng, alphabet, rng.randint(0, 30))
+        items = split_items(text, "Japanese")
+        assert [item.text for item in items] == official_words(official, text, "Japanese"), repr(text)
+        check_item_spans(text, items, "Japanese")
+        check_display_spans(text, items)
+
+
+@NEEDS_SOYNLP
+def test_split_items_matches_official_on_random_korean(official):
+    pieces = [
+        "안녕",
+        "하세요",
+        "저는",
+        "학생",
+        "입니다",
+        "대한민국",
+        "의",
+        "서울",
+        "에서",
+        "사람",
+        "들이",
+        "했다",
+    ]
+    pieces += list(" ,.!?'\"()-—0123abcXYZ漢字😀") + ["  ", "\u3000"]
+    rng = random.Random(7)
+    for _ in range(200):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        items = split_items(text, "Korean")
+        assert [item.text for item in items] == official_words(official, text, "Korean"), repr(text)
+        check_item_spans(text, items, "Korean")
+        check_display_spans(text, items)
+
+
+def test_language_names_are_compared_without_case(official):
+    text = "東京タワー"
+    assert [i.text for i in split_items(text, "chinese")] == ["東", "京", "タワー"]
+    if HAVE_NAGISA:
+        assert [i.text for i in split_items(text, "JAPANESE")] == official_words(official, text, "Japanese")
+        assert [i.text for i in split_items(text, "JAPANESE")] != ["東", "京", "タワー"]
+
+
+def test_item_spans_point_into_the_original_text():
+    text = "  «Hello», said the man — it's 10:30. 我们走吧！"
+    items = split_items(text, "English")
+    assert [(i.text, text[i.start : i.end]) for i in items] == [
+        ("Hello", "Hello"),
+        ("said", "said"),
+        ("the", "the"),
+        ("man", "man"),
+        ("it's", "it's"),
+        ("1030", "10:30"),
+        ("我", "我"),
+        ("们", "们"),
+        ("走", "走"),
+        ("吧", "吧"),
+    ]
+
+
+@NEEDS_NAGISA
+def test_japanese_spans_follow_normalisation():
+    text = "ＡＢＣを ｶﾞｷﾞ で㍻"
+    items = split_items(text, "Japanese")
+    sources = {item.text: text[item.start : item.end] for item in items}
+    assert sources["ABC"] == "ＡＢＣ"
+    assert "ガギ" in sources and sources["ガギ"] == "ｶﾞｷﾞ"
+    assert any(source == "㍻" for source in sources.values())
+
+
+# --- fallbacks -------------------------------------------------------------------------------------
+
+
+def test_japanese_falls_back_to_script_runs_without_nagisa(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nagisa", None)  # import nagisa now raises ImportError
+    assert not words.official_split_available("Japanese")
+    assert "nagisa" in words.split_fallback_reason("Japanese")
+    text = "日本語のテキストです。ABCと123、ｶﾀｶﾅ！ it's"
+    items = split_items(text, "Japanese")
+    assert [i.text for i in items] == ["日本語", "の", "テキスト", "です", "ABC", "と", "123", "ｶﾀｶﾅ", "it's"]
+    assert all(text[i.start : i.end] == i.text for i in items)
+    check_display_spans(text, items)
+    assert words.official_split_available("English")
+
+
+def test_korean_falls_back_to_whitespace_words_without_soynlp(monkeypatch):
+    monkeypatch.setitem(sys.modules, "soynlp", None)
+    monkeypatch.setitem(sys.modules, "soynlp.tokenizer", None)
+    assert not words.official_split_available("Korean")
+    assert "soynlp" in words.split_fallback_reason("Korean")
+    text = "안녕하세요, 저는 학생입니다. (漢字)"
+    items = split_items(text, "Korean")
+    assert [i.text for i in items] == ["안녕하세요", "저는", "학생입니다", "漢字"]
+    check_item_spans(text, items, "Korean")
+
+
+@NEEDS_SOYNLP
+def test_korean_fallback_is_soynlp_without_a_dictionary():
+    from soynlp.tokenizer import LTokenizer
+
+    text = "대한민국의 수도는 서울입니다! 오늘, 날씨가 좋네요 ab'c 12"
+    expected = [official_clean(t) for t in LTokenizer().tokenize(text) if official_clean(t)]
+    assert [i.text for i in words._split_korean_fallback(text)] == expected
+
+
+def official_clean(token: str) -> str:
+    return "".join(ch for ch in token if ch == "'" or unicodedata.category(ch)[0] in "LN")
+
+
+# --- display_spans --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "expected"),
+    [
+        ("Hello, world!", "English", ["Hello,", "world!"]),
+        ("¿Qué tal? ¡Muy bien!", "Spanish", ["¿Qué", "tal?", "¡Muy", "bien!"]),
+        ("Hola,¿qué tal? Bien ¡ gracias", "Spanish", ["Hola,¿qué", "tal?", "Bien", "¡ gracias"]),
+        ("好,¿你", "Chinese", ["好,", "¿你"]),
+        ("我用iPhone拍了3张照片。", "Chinese", ["我", "用", "iPhone", "拍", "了", "3", "张", "照", "片。"]),
+        ("他说：「你好」。", "Chinese", ["他", "说：", "「你", "好」。"]),
+        ('"Hello," she said — "fine."', "English", ['"Hello,"', "she", "said —", '"fine."']),
+        ("Il dit : « Bonjour » !", "French", ["Il", "dit :", "« Bonjour » !"]),
+        ("— Hello (there) ...", "English", ["— Hello", "(there) ..."]),
+        ("a.b.c (x)y", "English", ["a.b.c", "(x)y"]),
+        ("one,(two)", "English", ["one,(two)"]),
+        ("好，(你)", "Chinese", ["好，", "(你)"]),
+        ("  spaced   out  ", "English", ["spaced", "out"]),
+    ],
+)
+def test_display_spans_examples(text, language, expected):
+    items = split_items(text, language)
+    spans = check_display_spans(text, items)
+    assert [text[start:end] for start, end in spans] == expected
+
+
+def test_display_spans_share_one_source_character():
+    text = "x ½ y"
+    items = [Item("x", 0, 1), Item("1", 2, 3), Item("2", 2, 3), Item("y", 4, 5)]
+    assert display_spans(text, items) == [(0, 1), (2, 3), (3, 3), (4, 5)]
+
+
+def test_display_spans_refuse_bad_items():
+    with pytest.raises(ValueError, match="outside the text"):
+        display_spans("abc", [Item("abcd", 0, 4)])
+    with pytest.raises(ValueError, match="before the item before it"):
+        display_spans("ab cd", [Item("cd", 3, 5), Item("ab", 0, 2)])
+    assert display_spans("...", []) == []
+
+
+# --- the Korean dictionary --------------------------------------------------------------------------
+
+
+def official_dictionary_bytes() -> bytes:
+    """The dictionary of the installed official package, located here independently of words."""
+    spec = importlib.util.find_spec("qwen_asr")
+    assert spec is not None and spec.submodule_search_locations, (
+        "the official qwen-asr package is not installed"
+    )
+    path = Path(list(spec.submodule_search_locations)[0]) / "inference" / "assets" / "korean_dict_jieba.dict"
+    return path.read_bytes()
+
+
+def test_pinned_checksum_is_the_official_dictionary():
+    assert hashlib.sha256(official_dictionary_bytes()).hexdigest() == words.KOREAN_DICT_SHA256
+    installed = words.installed_korean_dictionary()
+    assert installed is not None and installed.read_bytes() == official_dictionary_bytes()
+
+
+def test_dictionary_found_in_an_installed_package_without_importing_it(tmp_path, monkeypatch):
+    package = tmp_path / "site" / "qwen_asr"
+    (package / "inference" / "assets").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('the official package must not be imported')\n")
+    dictionary = package / "inference" / "assets" / "korean_dict_jieba.dict"
+    dictionary.write_text("서울 3 NNP\n", encoding="utf-8")
+    monkeypatch.delitem(sys.modules, "qwen_asr", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert words.korean_dictionary_path(download=False) == dictionary
+    assert "qwen_asr" not in sys.modules
+    assert words.read_korean_scores(dictionary) == {"서울": 1.0}
+
+
+@pytest.fixture
+def no_installed_package(monkeypatch, tmp_path):
+    """No official package to find, and an empty cache folder of our own."""
+    monkeypatch.setattr(words, "OFFICIAL_PACKAGE", "mlx_qwen3asr_test_no_such_package")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    assert words.installed_korean_dictionary() is None
+    return tmp_path / "cache" / "mlx-qwen3asr" / "korean_dict_jieba.dict"
+
+
+def test_dictionary_found_in_the_cache(no_installed_package):
+    cached = no_installed_package
+    with pytest.raises(words.KoreanDictionaryError, match="does not exist.*downloading was not allowed"):
+        words.korean_dictionary_path(download=False)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(official_dictionary_bytes())
+    assert words.korean_dictionary_path(download=False) == cached
+
+
+def test_cached_dictionary_with_a_wrong_checksum_is_not_used(no_installed_package):
+    cached = no_installed_package
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(official_dictionary_bytes()[:-10] + b"tampered\n")
+    with pytest.raises(words.KoreanDictionaryError, match="wrong sha256"):
+        words.korean_dictionary_path(download=False)
+
+
+class _Quiet(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):  # a client that gave up waiting
+        pass
+
+
+class FakePyPI:
+    """A stand-in for PyPI on 127.0.0.1: the release's JSON and its wheel, with a log of requests."""
+
+    def __init__(self, wheel: bytes, published_digest: str | None = None, delay: float = 0.0):
+        self.requests: list[str] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                fake.requests.append(self.path)
+                if fake.delay:
+                    time.sleep(fake.delay)
+                if self.path == "/pypi/qwen-asr/0.0.6/json":
+                    body = json.dumps(fake.index()).encode()
+                elif self.path == "/files/qwen_asr-0.0.6-py3-none-any.whl":
+                    body = fake.wheel
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.wheel = wheel
+        self.digest = published_digest if published_digest is not None else hashlib.sha256(wheel).hexdigest()
+        self.delay = delay
+        self.server = _Quiet(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def index(self) -> dict:
+        return {
+            "urls": [
+                {
+                    "packagetype": "sdist",
+                    "filename": "qwen_asr-0.0.6.tar.gz",
+                    "url": f"{self.base}/files/none",
+                },
+                {
+                    "packagetype": "bdist_wheel",
+                    "filename": "qwen_asr-0.0.6-py3-none-any.whl",
+                    "url": f"{self.base}/files/qwen_asr-0.0.6-py3-none-any.whl",
+                    "digests": {"sha256": self.digest},
+                },
+            ]
+        }
+
+    def __enter__(self) -> FakePyPI:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def build_wheel(dictionary: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("qwen_asr/__init__.py", "")
+        archive.writestr("qwen_asr/inference/assets/korean_dict_jieba.dict", dictionary)
+        archive.writestr("qwen_asr-0.0.6.dist-info/METADATA", "Name: qwen-asr\nVersion: 0.0.6\n")
+    return buffer.getvalue()
+
+
+def test_dictionary_downloaded_from_the_official_wheel(no_installed_package, monkeypatch):
+    cached = no_installed_package
+    dictionary = official_dictionary_bytes()
+    with FakePyPI(build_wheel(dictionary)) as pypi:
+        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        assert words.korean_dictionary_path() == cached
+        assert cached.read_bytes() == dictionary
+        assert pypi.requests == ["/pypi/qwen-asr/0.0.6/json", "/files/qwen_asr-0.0.6-py3-none-any.whl"]
+        assert sorted(p.name for p in cached.parent.iterdir()) == ["korean_dict_jieba.dict"]
+        assert words.korean_dictionary_path() == cached  # now from the cache
+        assert len(pypi.requests) == 2
+    if HAVE_SOYNLP:
+        assert words.official_split_available("Korean")
+        assert [i.text for i in split_items("대한민국의 수도는", "Korean")] == [
+            "대한민국",
+            "의",
+            "수도",
+            "는",
+        ]
+
+
+def test_downloaded_dictionary_with_a_wrong_checksum_is_refused(no_installed_package, monkeypatch):
+    cached = no_installed_package
+    with FakePyPI(build_wheel(official_dictionary_bytes() + b"extra 1 NNG\n")) as pypi:
+        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        with pytest.raises(
+            words.KoreanDictionaryError, match=f"expected {words.KOREAN_DICT_SHA256}; refused"
+        ):
+            words.korean_dictionary_path()
+    assert not cached.exists()
+    assert not cached.parent.exists() or not list(cached.parent.iterdir())
+
+
+def test_wheel_that_does_not_match_its_published_digest_is_refused(no_installed_package, monkeypatch):
+    with FakePyPI(build_wheel(official_dictionary_bytes()), published_digest="0" * 64) as pypi:
+        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        with pytest.raises(words.KoreanDictionaryError, match="does not match the sha256 PyPI publishes"):
+            words.korean_dictionary_path()
+    assert not no_installed_package.exists()
+
+
+def test_download_gives_up_on_a_server_that_does_not_answer(no_installed_package, monkeypatch):
+    monkeypatch.setattr(words, "DOWNLOAD_TIMEOUT", 0.3)
+    with FakePyPI(build_wheel(official_dictionary_bytes()), delay=1.5) as pypi:
+        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        began = time.monotonic()
+        with pytest.raises(words.KoreanDictionaryError, match="timed out"):
+            words.korean_dictionary_path()
+        assert time.monotonic() - began < 1.4
+    assert not no_installed_package.exists()
+
+
+def test_korean_falls_back_when_no_dictionary_can_be_had(no_installed_package, monkeypatch):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(words, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi/qwen-asr/0.0.6/json")
+    assert not words.official_split_available("Korean")
+    reason = words.split_fallback_reason("Korean")
+    assert "split at whitespace" in reason
+    if HAVE_SOYNLP:
+        assert "Korean dictionary is unavailable" in reason and "fetching qwen-asr 0.0.6" in reason
+    text = "대한민국의 수도는 서울입니다!"
+    assert [i.text for i in split_items(text, "Korean")] == ["대한민국의", "수도는", "서울입니다"]
+
+
+# --- timestamps -----------------------------------------------------------------------------------
+
+
+def random_timestamps(rng: random.Random) -> list[float]:
+    length = rng.choice([0, 1, 2, 3, rng.randint(0, 12), rng.randint(0, 60), rng.randint(0, 300)])
+    shape = rng.random()
+    if shape < 0.4:  # few distinct values: ties everywhere
+        top = rng.choice([1, 2, 3, 5, 10])
+        return [float(rng.randrange(top)) for _ in range(length)]
+    if shape < 0.8:  # rising like real predictions, with outliers
+        values, now = [], 0
+        for _ in range(length):
+            now += rng.choice([0, 0, 1, 2, 3])
+            values.append(float(now if rng.random() > 0.2 else rng.randrange(now + 20)))
+        return values
+    return [rng.randrange(100) * 80.0 + rng.choice([0.0, 0.5, 0.25]) for _ in range(length)]
+
+
+def test_fix_timestamps_is_the_official_repair(official):
+    rng = random.Random(2024)
+    for _ in range(600):
+        values = random_timestamps(rng)
+        if not values:
+            continue
+        assert fix_timestamps(values) == official.fix_timestamp(np.array(values)), values
+
+
+def test_fix_timestamps_examples(official):
+    cases = {
+        (5, 1, 6, 2, 7): [5, 5, 6, 6, 7],
+        (3, 1, 2): [1, 1, 2],
+        (2, 2, 1, 1): [2, 2, 2, 2],  # the first longest run, not the equally long later one
+        (0, 9, 9, 9, 9, 1, 2, 3, 4, 5): [0, 0, 0, 0, 0, 1, 2, 3, 4, 5],
+        (0, 90, 80, 70, 20, 30, 40): [0, 5, 10, 15, 20, 30, 40],
+        (10, 0, 0, 0, 0, 50): [0, 0, 0, 0, 0, 50],
+        (7,): [7],
+        (1.9, 2.7): [1, 2],
+    }
+    for values, expected in cases.items():
+        assert official.fix_timestamp(np.array(values)) == expected, values
+        assert fix_timestamps(values) == expected, values
+        assert fix_timestamps(np.array(values, dtype=np.float32)) == expected, values
+
+
+def test_fix_timestamps_edge_inputs(official):
+    assert fix_timestamps([]) == []
+    with pytest.raises(ValueError):  # the official function has no answer for no timestamps
+        official.fix_timestamp(np.array([]))
+    with pytest.raises(ValueError, match="NaN"):
+        fix_timestamps([1.0, float("nan"), 2.0])
+
+
+def test_fix_timestamps_is_fast():
+    rng = random.Random(5)
+    inputs = [
+        [float(rng.randrange(50)) for _ in range(4000)],
+        [float(4000 - i) for i in range(4000)],
+        [float(i // 3) for i in range(4000)],
+    ]
+    for values in inputs:
+        began = time.perf_counter()
+        fixed = fix_timestamps(values)
+        elapsed = time.perf_counter() - began
+        assert len(fixed) == 4000 and fixed == sorted(fixed)
+        assert elapsed < 0.5, f"{elapsed:.3f} s for 4000 timestamps"
+
+
+def official_word_times(official, classes: list[int], segment_time: float, n_items: int):
+    import torch
+
+    milliseconds = (torch.tensor(classes, dtype=torch.int64) * segment_time).numpy()
+    parsed = official.parse_timestamp([f"w{i}" for i in range(n_items)], milliseconds)
+    return [(round(p["start_time"] / 1000.0, 3), round(p["end_time"] / 1000.0, 3)) for p in parsed]
+
+
+def test_word_times_match_the_official_parse(official):
+    rng = random.Random(11)
+    for case in range(300):
+        n_items = rng.randint(1, 40)
+        segment_time = (80.0, 33.3, 40.0, 12.5)[case % 4]
+        now, classes = 0, []
+        for _ in range(2 * n_items):
+            now += rng.choice([0, 1, 1, 2, 5])
+            classes.append(now if rng.random() > 0.15 else rng.randrange(now + 30))
+        if case % 10 == 0:
+            classes = [rng.randrange(4) for _ in classes]
+        expected = official_word_times(official, classes, segment_time, n_items)
+        assert word_times(classes, segment_time, n_items) == expected, (classes, segment_time)
+        assert word_times(np.array(classes), segment_time, n_items) == expected
+
+
+def test_word_times_example():
+    assert word_times([0, 3, 3, 7, 6, 9], 80.0, 3) == [(0.0, 0.24), (0.24, 0.56), (0.56, 0.72)]
+
+
+def test_word_times_checks_the_count():
+    with pytest.raises(ValueError, match=r"3 items need 2 \* 3 = 6 timestamp classes, got 5"):
+        word_times([1, 2, 3, 4, 5], 80.0, 3)
+    with pytest.raises(ValueError, match="without items has 2 timestamp classes, got 3"):
+        word_times([1, 2, 3], 80.0, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        word_times([], 80.0, -1)
+    assert word_times([4, 5], 80.0, 0) == []
+    assert word_times([], 80.0, 0) == []
+
+
+def test_items_and_times_line_up(official):
+    text = "Hello, world! 我们走吧。"
+    items = split_items(text, "English")
+    classes = list(range(2 * len(items)))
+    times = word_times(classes, 80.0, len(items))
+    assert len(times) == len(items) == len(official_words(official, text, "English")) == 6
+    assert times[1] == (0.16, 0.24)
