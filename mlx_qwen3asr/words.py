@@ -469,8 +469,22 @@ def _normalised_with_origin(text: str) -> tuple[str, list[tuple[int, int]]]:
 
 
 def _normalise_pieces(text: str, bounds: list[int]) -> list[tuple[int, int, str]]:
-    ends = bounds[1:] + [len(text)]
-    return [(start, end, _nagisa_preprocess(text[start:end])) for start, end in zip(bounds, ends)]
+    pieces: list[tuple[int, int, str]] = []
+    for start, end in zip(bounds, bounds[1:] + [len(text)]):
+        whole = _nagisa_preprocess(text[start:end])
+        # A mark that did not combine with the character before it (a half-width voiced mark after a
+        # kanji) is a piece of its own: split where normalising the parts apart changes nothing.
+        cuts = [start] + [
+            cut
+            for cut in range(start + 1, end)
+            if _nagisa_preprocess(text[start:cut]) + _nagisa_preprocess(text[cut:end]) == whole
+        ]
+        parts = [(a, b, _nagisa_preprocess(text[a:b])) for a, b in zip(cuts, cuts[1:] + [end])]
+        if len(parts) > 1 and "".join(part for _, _, part in parts) == whole:
+            pieces.extend(parts)
+        else:
+            pieces.append((start, end, whole))
+    return pieces
 
 
 def _split_japanese(text: str, nagisa: object) -> list[Item]:
