@@ -631,7 +631,7 @@ def display_spans(text: str, items: Sequence[Item]) -> list[tuple[int, int]]:
             raise ValueError(
                 f"item {index} ({item.text!r}) spans [{item.start}, {item.end}) outside the text"
             )
-        if starts and item.start < starts[-1]:
+        if index and item.start < items[index - 1].start:
             raise ValueError(f"item {index} ({item.text!r}) starts before the item before it")
         start = max(item.start, ends[-1]) if ends else item.start
         starts.append(start)

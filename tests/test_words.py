@@ -163,6 +163,7 @@ TEXTS = [
     ("Japanese", "「こんにちは」と彼は言った。ＡＢＣ abc　テスト、ｶﾀｶﾅ半角。"),
     ("Japanese", "2024年1月1日、東京タワーでiPhoneを買いました。"),
     ("Japanese", "㍻ ™ ½ İstanbul ｶﾞｷﾞ ガ"),
+    ("Japanese", "東ﾟ ⅒と ﷵ です ﬁ。"),
     ("Japanese", ""),
     ("Japanese", "　 "),
     ("Korean", "안녕하세요, 저는 학생입니다."),
@@ -359,6 +360,9 @@ def test_display_spans_share_one_source_character():
     text = "x ½ y"
     items = [Item("x", 0, 1), Item("1", 2, 3), Item("2", 2, 3), Item("y", 4, 5)]
     assert display_spans(text, items) == [(0, 1), (2, 3), (3, 3), (4, 5)]
+    text = "x ⅒, y"
+    items = [Item("x", 0, 1), Item("1", 2, 3), Item("1", 2, 3), Item("0", 2, 3), Item("y", 5, 6)]
+    assert display_spans(text, items) == [(0, 1), (2, 3), (3, 3), (3, 4), (5, 6)]
 
 
 def test_display_spans_refuse_bad_items():
