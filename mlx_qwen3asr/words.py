@@ -346,7 +346,10 @@ class Item:
     `text` is the kept characters (letters, digits, apostrophes) of the item; [start, end) is the span
     of the original text they come from: start is the index of the first, end one past the last. The
     characters of `text` are a subsequence of text[start:end], except in Japanese, where they are a
-    subsequence of that span's NFKC normal form (nagisa's input: full-width "ＡＢ" becomes "AB").
+    subsequence of that span's NFKC normal form (nagisa's input: full-width "ＡＢ" becomes "AB"), and
+    where several items can come from one character ("⅒" normalises to "1⁄10": items "1" and "10"
+    or "1", "1", "0" share its span). A piece a tokenizer returned that is not in the text at all
+    would get the empty span where the item before it ends.
     """
 
     text: str
