@@ -283,6 +283,19 @@ def test_cjk_cues_break_at_full_stops_and_commas_and_count_double_width():
     assert reading_length("预算。") == 6
 
 
+def test_punctuation_the_aligner_gives_as_a_word_stays_with_the_word_before():
+    text = "你好，世界。我们走吧！"
+    pieces = ["你", "好", "，", "世", "界", "。", "我", "们", "走", "吧", "！"]
+    seg = aligned(text, steady(len(pieces), 0.0, word=0.2, gap=0.0), words=pieces, language="Chinese")
+    options = CueOptions(max_width=6, max_lines=2)
+    cues = build_cues([seg], options=options)
+    check_word_cues(cues, [seg], options, exact=False)
+    shown = [w.text for c in cues for w in c.words]
+    assert "好，" in shown and "界。" in shown and "吧！" in shown and "，" not in shown
+    assert all(line[0] not in "，。！" for c in cues for line in c.lines)
+    assert "".join(c.text.replace("\n", "") for c in cues) == text
+
+
 def test_a_word_longer_than_a_line_is_cut_into_pieces():
     long = "Donaudampfschifffahrtsgesellschaftskapitänsmützenabzeichenherstellungsbetrieb"
     text = f"The word {long} is long."
@@ -344,6 +357,11 @@ def test_a_segment_at_the_end_of_the_audio_ends_with_it():
         (9998, 9999),
         (9999, 10000),
     ]
+    # Past the end there is no time, so no pause: words there share one cue.
+    after = aligned("See you soon.", [(9.5, 9.8), (10.5, 10.6), (12.0, 12.3)])
+    cues = build_cues([after], duration=10.0)
+    check_word_cues(cues, [after], duration=10.0)
+    assert [(c.text, ms(c.start), ms(c.end)) for c in cues] == [("See you soon.", 9500, 10000)]
 
 
 def test_mixed_aligned_and_estimated_segments_give_one_ordered_list():
@@ -397,6 +415,28 @@ def test_short_cues_take_min_duration_from_the_gap():
     assert (cue.start, cue.end) == (1.0, 1.8)
     tight = build_cues([seg, aligned("No.", [(1.5, 1.8)])])[0]
     assert ms(tight.end) == 1500 - 80
+
+
+def test_a_split_avoids_a_cue_too_short_to_read():
+    """Contiguous speech that needs two cues: "Yes." alone would have 0.12 s on screen."""
+    text = "Yes. We will meet at the station at nine, and then we take the early train to the coast."
+    seg = aligned(text, steady(len(text.split()), 0.0, word=0.2, gap=0.0))
+    for options in (CueOptions(), CueOptions(max_cps=math.inf)):
+        cues = build_cues([seg], options=options)
+        check_word_cues(cues, [seg], options)
+        assert [c.text.replace("\n", " ") for c in cues] == [
+            "Yes. We will meet at the station at nine,",
+            "and then we take the early train to the coast.",
+        ]
+        assert min(c.end - c.start for c in cues) >= 0.8
+
+
+def test_no_arrow_forms_between_two_words():
+    seg = aligned("go a-->b now", steady(4, 0.0), words=["go", "a--", ">b", "now"])
+    (cue,) = build_cues([seg])
+    assert cue.text == "go a-- >b now"
+    assert [w.text for w in cue.words] == ["go", "a--", ">b", "now"]
+    assert srt_entries(render_srt([cue]))[0][2] == cue.text
 
 
 @pytest.mark.parametrize(
@@ -510,7 +550,7 @@ def random_segments(rng: random.Random):
     return segs, t
 
 
-def test_random_word_timings_always_give_valid_cues():
+def test_random_word_timings_always_give_valid_cues(tmp_path):
     rng = random.Random(20250101)
     for _ in range(120):
         segs, t = random_segments(rng)
@@ -531,7 +571,7 @@ def test_random_word_timings_always_give_valid_cues():
         )
         cues = build_cues(segs, options=options, duration=duration)
         check_word_cues(cues, segs, options, duration=duration, exact=not long_words)
-        check_written(cues, highlight=True)
+        check_written(cues, highlight=True, tmp_dir=tmp_path)
 
 
 # --- writing -----------------------------------------------------------------------------------------
