@@ -299,3 +299,52 @@ def test_cues_end_with_the_audio(samples):
     assert words("".join(c.text for c in cues)) == words(text + "Bye.")
     no_audio = build_cues(segs, duration=samples / SR)
     assert no_audio[-1].end * 1000 <= duration_ms
+
+
+def test_estimated_cues_are_the_same_as_before_word_timing():
+    """Cues of segments without word timing, as build_cues made them before cues could be cut from
+    aligned words (recorded from that version)."""
+    english = (
+        "So the first thing I want to talk about today is the budget for next year. "
+        "We looked at every department, and most of them asked for more than last time; "
+        "some asked for a lot more. Is that reasonable?"
+    )
+    chinese = (
+        "今天我们要讨论的第一个问题是明年的预算。我们看了每一个部门的申请，大部分部门都比去年要求得更多。"
+    )
+    segs = [Seg(0.3, 14.0, english), Seg(14.0, 14.2, "Yes."), Seg(15.0, 27.5, chinese)]
+    audio = test_signal(28.0, seed=5)
+    audio[int(5.1 * SR) : int(5.6 * SR)] = 0.0
+    two_lines = [
+        (0.3, 5.37, "So the first thing I want to talk about\ntoday is the budget for next year."),
+        (5.37, 10.73, "We looked at every department, and most\nof them asked for more than last time;"),
+        (10.73, 14.0, "some asked for a lot more.\nIs that reasonable?"),
+        (14.0, 14.5, "Yes."),
+        (15.0, 21.23, "今天我们要讨论的第一个问\n题是明年的预算。我们看了"),
+        (21.23, 27.5, "每一个部门的申请，大部分\n部门都比去年要求得更多。"),
+    ]
+    assert [(c.start, c.end, c.text) for c in build_cues(segs, audio)] == two_lines
+    one_line = [
+        (0.3, 1.99, "So the first thing I want"),
+        (1.99, 3.49, "to talk about today is"),
+        (3.49, 5.37, "the budget for next year."),
+        (5.37, 7.49, "We looked at every department,"),
+        (7.49, 8.99, "and most of them asked"),
+        (8.99, 10.73, "for more than last time;"),
+        (10.73, 12.49, "some asked for a lot more."),
+        (12.49, 14.0, "Is that reasonable?"),
+        (14.0, 14.5, "Yes."),
+        (15.0, 17.49, "今天我们要讨论的第一"),
+        (17.49, 20.23, "个问题是明年的预算。"),
+        (20.23, 23.49, "我们看了每一个部门的申请，"),
+        (23.49, 27.5, "大部分部门都比去年要求得更多。"),
+    ]
+    options = CueOptions(max_width=30, max_lines=1)
+    cues = build_cues(segs, audio, options=options)
+    assert [(c.start, c.end, c.text) for c in cues] == one_line
+    assert all(c.words == () for c in cues)
+    # The word-cue options change nothing here.
+    other = CueOptions(
+        max_width=30, max_lines=1, pause=0.1, min_gap=1.0, max_cps=1.0, tail=0.0, max_words_per_line=1
+    )
+    assert build_cues(segs, audio, options=other) == cues
