@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .audio import SAMPLE_RATE, log_mel_spectrogram
+from .layouts import ALIGNER_LANGUAGES
 from .loading import ASRModel, require_kind
+from .prompt import resolve_language
+from .result import Word
+from .words import display_spans, split_items, word_times
 
 TIMESTAMP_TOKEN = "<timestamp>"
 # The official aligner takes at most this much audio per call.
@@ -108,4 +113,79 @@ def _classes(
     return [np.concatenate(p) if p else empty for p in picked]
 
 
-__all__ = ["ALIGN_CHUNK", "MAX_SECONDS", "AlignerPrompt", "aligner_prompt", "timestamp_classes"]
+def aligner_languages(aligner: ASRModel) -> tuple[str, ...]:
+    """The languages the aligner was trained on (its config's `support_languages`)."""
+    return tuple(aligner.config.support_languages or ALIGNER_LANGUAGES)
+
+
+def why_not_aligned(aligner: ASRModel, text: str, language: str | None, seconds: float) -> str | None:
+    """Why this segment keeps estimated timing, or None when the aligner can serve it."""
+    if not text.strip():
+        return "no text"
+    if language not in aligner_languages(aligner):
+        return f"{language or 'an unknown language'} is not among the aligner's languages"
+    if seconds > MAX_SECONDS:
+        return f"longer than the aligner's {MAX_SECONDS:g} s"
+    return None
+
+
+def align_segments(
+    aligner: ASRModel,
+    mels: Sequence[np.ndarray],
+    texts: Sequence[str],
+    languages: Sequence[str],
+    spans: Sequence[tuple[float, float]],
+) -> list[list[Word]]:
+    """Words with times for each segment (its mel, text, language and [start, end] in the input),
+    all segments aligned in one padded forward pass; times are clamped to the segment's span."""
+    from .scheduler import encode_segments
+
+    items = [split_items(text, language) for text, language in zip(texts, languages)]
+    features = encode_segments(aligner, list(mels))
+    prompts = [
+        aligner_prompt(aligner, int(f.shape[0]), [i.text for i in its]) for f, its in zip(features, items)
+    ]
+    classes = timestamp_classes(aligner, prompts, features)
+    step_ms = float(aligner.config.timestamp_segment_time or 80)
+    out: list[list[Word]] = []
+    for text, its, row, (start, end) in zip(texts, items, classes, spans):
+        times = word_times(row.tolist(), step_ms, len(its))
+        words = []
+        for (a, b), (t0, t1) in zip(display_spans(text, its), times):
+            w0 = min(max(start + t0, start), end)
+            words.append(Word(text[a:b], w0, min(max(start + t1, w0), end), a, b))
+        out.append(words)
+    return out
+
+
+def align(aligner: ASRModel, audio, text: str, language: str | None = None) -> list[Word]:
+    """Time the words of `text` in `audio` (a path, a 16 kHz array or `(array, sample_rate)`; at most
+    180 s). language: a name or code among the aligner's languages (default English)."""
+    from .scheduler import load_input
+
+    name = resolve_language(language) or "English"
+    decoded, _ = load_input(audio)
+    try:
+        samples = decoded.samples
+    finally:
+        decoded.signal.close()
+    seconds = samples.size / SAMPLE_RATE
+    reason = why_not_aligned(aligner, text, name, seconds)
+    if reason == "no text":
+        return []
+    if reason is not None:
+        raise ValueError(f"cannot align: {reason}")
+    return align_segments(aligner, [log_mel_spectrogram(samples)], [text], [name], [(0.0, seconds)])[0]
+
+
+__all__ = [
+    "ALIGN_CHUNK",
+    "MAX_SECONDS",
+    "AlignerPrompt",
+    "align",
+    "align_segments",
+    "aligner_languages",
+    "aligner_prompt",
+    "timestamp_classes",
+    "why_not_aligned",
+]

@@ -9,6 +9,7 @@ segments is sorted by length before each batch so that rows of a batch need litt
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from .align import align_segments, why_not_aligned
 from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
 from .decode import ArraySignal, DecodedAudio, Signal, read_audio
 from .generate import Prefix, greedy_generate_batch, prefill_prefix, token_budget
@@ -177,6 +179,7 @@ class _Pending:
     prepared: PreparedInput
     segments: list[Segment | None]
     reported: int = 0  # segments already passed to on_segment, in time order
+    timing_notes: list[str] = field(default_factory=list)  # why segments kept estimated word timing
 
     @property
     def complete(self) -> bool:
@@ -214,8 +217,10 @@ class _Decoder:
     are computed once, at the first batch, and shared by every row of every batch.
     """
 
-    def __init__(self, model: ASRModel, language: str | None, context: str) -> None:
-        self.model, self.language = model, language
+    def __init__(
+        self, model: ASRModel, language: str | None, context: str, aligner: ASRModel | None = None
+    ) -> None:
+        self.model, self.language, self.aligner = model, language, aligner
         tok = model.tokenizer
         self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
         self.prefix_ids = prompt_prefix_ids(tok, context)  # raises on an over-long context, before any work
@@ -268,18 +273,55 @@ class _Decoder:
                     repetitive=gen.repetitive or collapsed,
                 )
             )
+        if self.aligner is not None:
+            self.align(tasks, segments)
         return segments
 
+    def align(self, tasks: Sequence[_Task], segments: list[Segment]) -> None:
+        """Time the words of the batch's segments in one aligner pass; the others keep estimated timing
+        and their input records why."""
+        chosen = []
+        for i, (task, seg) in enumerate(zip(tasks, segments)):
+            if seg.truncated or seg.repetitive:
+                reason = "the text may be incomplete (token limit or a loop)"
+            else:
+                reason = why_not_aligned(self.aligner, seg.text, seg.language, task.span.duration)
+            if reason is None:
+                chosen.append(i)
+            elif reason != "no text":
+                task.pending.timing_notes.append(reason)
+        if not chosen:
+            return
+        try:
+            words = align_segments(
+                self.aligner,
+                [tasks[i].mel for i in chosen],
+                [segments[i].text for i in chosen],
+                [segments[i].language for i in chosen],
+                [(segments[i].start, segments[i].end) for i in chosen],
+            )
+        except Exception as e:  # e.g. out of memory: the text stands, with estimated timing
+            for i in chosen:
+                tasks[i].pending.timing_notes.append(f"the aligner failed ({type(e).__name__}: {e})")
+            return
+        for i, found in zip(chosen, words):
+            segments[i].words, segments[i].timing = found, "aligned"
 
-def _assemble(prepared: PreparedInput, segments: list[Segment], language: str | None) -> Transcription:
+
+def _assemble(
+    prepared: PreparedInput, segments: list[Segment], language: str | None, timing_notes: Sequence[str] = ()
+) -> Transcription:
     language_out = language or main_language(segments)
+    warnings = list(prepared.warnings)
+    for note, count in Counter(timing_notes).items():
+        warnings.append(f"word timing is estimated for {count} segment(s): {note}")
     return Transcription(
         text=join_texts([s.text for s in segments], language_out),
         language=language_out,
         segments=segments,
         duration=len(prepared.wav) / SAMPLE_RATE,
         source=prepared.source,
-        warnings=list(prepared.warnings),
+        warnings=warnings,
         header_duration=prepared.header_seconds,
     )
 
@@ -294,6 +336,7 @@ def transcribe_stream(
     batch_size: int | None = None,
     skip: Callable[[np.ndarray], bool] | None = None,
     on_segment: Callable[[int, Segment], None] | None = None,
+    aligner: ASRModel | None = None,
 ) -> Iterator[InputResult]:
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
@@ -301,15 +344,19 @@ def transcribe_stream(
         KV caches for, given the segments' lengths, up to MAX_BATCH).
     skip: inputs whose waveform this returns True for are not sent to the model (empty result).
     on_segment(input index, segment): each input's segments, in time order, as they become known.
+    aligner: a Qwen3-ForcedAligner; each batch's segments then get word times (segment.words), aligned
+        together right after their text is decoded.
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
     go on. Results come in the order inputs finish, which is not the input order.
     """
     require_kind(model, "asr")
+    if aligner is not None:
+        require_kind(aligner, "aligner")
     forced = resolve_language(language)
     fixed = max(1, int(batch_size)) if batch_size else None
     size = fixed or MAX_BATCH
     kv_memory = None if fixed else int(available_memory() * MEMORY_FRACTION)
-    decode = _Decoder(model, forced, context)
+    decode = _Decoder(model, forced, context, aligner)
     inputs = list(inputs)
     ahead = max(2, size)  # inputs being prepared in the background
     queued: list[tuple[int, Future[PreparedInput]]] = []
@@ -365,7 +412,7 @@ def transcribe_stream(
                     entry.reported += 1
                 if entry.complete:
                     del pending[index]
-                    result = _assemble(entry.prepared, entry.segments, forced)
+                    result = _assemble(entry.prepared, entry.segments, forced, entry.timing_notes)
                     yield InputResult(index, entry.prepared.source, result, entry.prepared.wav)
     finally:
         executor.shutdown(wait=False, cancel_futures=True)

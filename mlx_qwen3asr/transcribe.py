@@ -21,6 +21,7 @@ def _transcribe_all(
     max_segment_seconds: float,
     batch_size: int | None,
     on_segment: Callable[[Segment], None] | None,
+    aligner: ASRModel | None = None,
 ) -> list[Transcription]:
     results: list[Transcription | None] = [None] * len(inputs)
     stream = transcribe_stream(
@@ -31,6 +32,7 @@ def _transcribe_all(
         max_segment_seconds=max_segment_seconds,
         batch_size=batch_size,
         on_segment=None if on_segment is None else (lambda _index, seg: on_segment(seg)),
+        aligner=aligner,
     )
     for res in stream:
         if res.error is not None:
@@ -66,6 +68,7 @@ def transcribe(
     max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
     batch_size: int | None = None,
     on_segment: Callable[[Segment], None] | None = None,
+    aligner: ASRModel | None = None,
 ) -> Transcription | list[Transcription]:
     """Transcribe a file, an array (16 kHz, or `(array, sample_rate)`), or a list of them.
 
@@ -73,6 +76,8 @@ def transcribe(
     context: text that biases recognition (names, terms), placed in the system prompt.
     batch_size: segments decoded together, from one input or several (None: chosen automatically).
     on_segment: called with each segment as it is transcribed, in time order within each input.
+    aligner: a Qwen3-ForcedAligner model (`load("Qwen/Qwen3-ForcedAligner-0.6B")`): segments then carry
+        `words` with their times and `timing == "aligned"` where the aligner serves their language.
     Returns one Transcription per input, a list for a list. An input that cannot be read raises.
     """
     resolve_language(language)  # fail before any audio is read
@@ -80,6 +85,7 @@ def transcribe(
     results = _transcribe_all(
         model, audio if many else [audio], language=language, context=context,
         max_segment_seconds=max_segment_seconds, batch_size=batch_size, on_segment=on_segment,
+        aligner=aligner,
     )  # fmt: skip
     return results if many else results[0]
 

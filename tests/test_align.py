@@ -82,3 +82,65 @@ def test_aligning_with_a_speech_model_is_refused(checkpoints):
     wav = test_signal(1.0)
     with pytest.raises(mlx_qwen3asr.WrongModelError, match="word timing needs a Qwen3-ForcedAligner"):
         our_classes(asr, [wav], [["hello"]])
+
+
+def scripted_decoding(monkeypatch, model, texts):
+    """Make the speech model 'say' the given texts (random weights never end a sentence themselves)."""
+    from mlx_qwen3asr import scheduler
+    from mlx_qwen3asr.generate import Generation
+
+    eos = model.tokenizer.token_to_id("<|im_end|>")
+    queue = list(texts)
+
+    def decode(net, prompts, features, budgets, eos_ids, **kwargs):
+        out = []
+        for _ in prompts:
+            ids = model.tokenizer.encode(f"language English<asr_text>{queue.pop(0)}") if queue else [eos]
+            out.append(Generation(ids, truncated=False, repetitive=False))
+        return out
+
+    monkeypatch.setattr(scheduler, "greedy_generate_batch", decode)
+
+
+def test_transcribe_with_an_aligner_times_the_words(checkpoints, monkeypatch):
+    model = mlx_qwen3asr.load(checkpoints("tiny"))
+    aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
+    texts = ["So the first thing, I want to talk about today.", "Is the budget for next year!"]
+    scripted_decoding(monkeypatch, model, texts)
+    wav = test_signal(50.0, seed=8)
+    result = mlx_qwen3asr.transcribe(model, wav, aligner=aligner, max_segment_seconds=30.0)
+    assert [s.text for s in result.segments] == texts
+    for seg in result.segments:
+        assert seg.timing == "aligned"
+        assert [w.text for w in seg.words] == seg.text.split()  # the transcript's own words, punctuation kept
+        assert all(seg.start <= w.start <= w.end <= seg.end for w in seg.words)
+        assert all(a.start <= b.start for a, b in zip(seg.words, seg.words[1:]))  # repaired: monotonic
+        assert [seg.text[w.char_start : w.char_end] for w in seg.words] == [w.text for w in seg.words]
+    assert result.warnings == []
+    # The same words and times as aligning each segment alone with the public function.
+    for seg in result.segments:
+        piece = wav[int(seg.start * 16000) : int(seg.end * 16000)]
+        alone = mlx_qwen3asr.align(aligner, piece, seg.text, "English")
+        assert [(w.text, round(w.start + seg.start, 3), round(w.end + seg.start, 3)) for w in alone] == [
+            (w.text, round(w.start, 3), round(w.end, 3)) for w in seg.words
+        ]
+
+
+def test_unsupported_language_keeps_estimated_timing_and_says_so(checkpoints, monkeypatch):
+    from mlx_qwen3asr import scheduler
+    from mlx_qwen3asr.generate import Generation
+
+    model = mlx_qwen3asr.load(checkpoints("tiny"))
+    aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
+
+    def decode(net, prompts, features, budgets, eos_ids, **kwargs):
+        ids = model.tokenizer.encode("language Thai<asr_text>สวัสดีครับ")
+        return [Generation(ids, truncated=False, repetitive=False) for _ in prompts]
+
+    monkeypatch.setattr(scheduler, "greedy_generate_batch", decode)
+    result = mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1), aligner=aligner)
+    (seg,) = result.segments
+    assert seg.timing == "estimated" and seg.words == []
+    assert result.warnings == [
+        "word timing is estimated for 1 segment(s): Thai is not among the aligner's languages"
+    ]
