@@ -161,8 +161,12 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return asdict(obj) if is_dataclass(obj) else dict(vars(obj))
 
 
-def _ms(seconds: float) -> float:
-    return to_milliseconds(seconds) / 1000
+def _ms(seconds: float) -> float | None:
+    """Seconds rounded to whole milliseconds; None for a time that is not a finite number."""
+    try:
+        return to_milliseconds(seconds) / 1000
+    except (TypeError, ValueError):
+        return None
 
 
 def _segment_dict(segment: Any) -> dict[str, Any]:

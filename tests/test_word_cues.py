@@ -480,6 +480,13 @@ def test_bad_word_spans_are_found_by_text_or_fall_back_to_estimated_timing():
     words = [Word("Hello", 0.0, 0.3), Word("big", 0.4, 0.6), Word("world.", 0.7, 1.0)]  # no spans
     (cue,) = build_cues([Segment(0.0, 2.0, text, "English", timing="aligned", words=words)])
     assert cue.text == text and [w.text for w in cue.words] == ["Hello", "big", "world."]
+    untimed = [
+        Word("Hello", 0.0, 0.3, 0, 5),
+        Word("big", math.nan, 0.6, 6, 9),
+        Word("world.", 0.7, 1.0, 10, 16),
+    ]
+    (plain,) = build_cues([Segment(0.0, 2.0, text, "English", timing="aligned", words=untimed)])
+    assert plain.words == () and (plain.start, plain.end) == (0.0, 2.0)
     lost = [Word("Goodbye", 0.0, 0.3)]
     (plain,) = build_cues([Segment(0.0, 2.0, text, "English", timing="aligned", words=lost)])
     assert plain.words == () and (plain.start, plain.end) == (0.0, 2.0)
@@ -749,3 +756,6 @@ def test_json_segments_carry_timing_and_words():
     assert render("json", result, build_cues(result.segments), highlight_words=True) == render_json(
         result, build_cues(result.segments)
     )
+    odd = dataclasses.replace(seg, words=[Word("Hi", math.nan, 0.4, 0, 2)])
+    doc = json.loads(render_json(Transcription("Hi", "English", [odd]), []))
+    assert doc["segments"][0]["words"] == [{"text": "Hi", "start": None, "end": 0.4}]
