@@ -11,7 +11,7 @@ from ._cpu import preload_openblas, tune_malloc
 preload_openblas()
 tune_malloc()
 
-from .align import align  # noqa: E402
+from .alignment import align  # noqa: E402
 from .audio import AudioError  # noqa: E402
 from .decode import load_audio, read_audio  # noqa: E402
 from .loading import ASRModel, ModelLoadError, WrongModelError, load, require_kind  # noqa: E402

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from .align import align_segments, why_not_aligned
+from .alignment import align_segments, why_not_aligned
 from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
 from .decode import ArraySignal, DecodedAudio, Signal, read_audio
 from .generate import Prefix, greedy_generate_batch, prefill_prefix, token_budget

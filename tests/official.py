@@ -27,3 +27,28 @@ def official_module(name: str) -> types.ModuleType:
         package.__spec__ = spec
         sys.modules["qwen_asr"] = package
     return importlib.import_module(f"qwen_asr.{name}")
+
+
+def official_aligner_module() -> types.ModuleType:
+    """The official aligner module. Its audio helpers import librosa, and the module imports nagisa at
+    the top; only its text and timestamp processing is used here, so a missing librosa or nagisa is
+    stood in for while it is imported (and taken out of sys.modules again afterwards)."""
+    name = "inference.qwen3_forced_aligner"
+    stand_ins: dict[str, types.ModuleType] = {}
+    if importlib.util.find_spec("nagisa") is None:
+        stand_ins["nagisa"] = types.ModuleType("nagisa")
+    if importlib.util.find_spec("librosa") is None:
+        utils = types.ModuleType("qwen_asr.inference.utils")
+        utils.AudioLike = object
+        utils.ensure_list = utils.normalize_audios = None
+        stand_ins["qwen_asr.inference.utils"] = utils
+    saved = {key: sys.modules.get(key) for key in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        return official_module(name)
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = module

@@ -6,7 +6,7 @@ import pytest
 from reference import OfficialAligner, max_abs, test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr.align import aligner_prompt, timestamp_classes
+from mlx_qwen3asr.alignment import aligner_prompt, timestamp_classes
 from mlx_qwen3asr.audio import log_mel_spectrogram
 from mlx_qwen3asr.scheduler import encode_segments
 
@@ -66,7 +66,7 @@ def test_a_batch_gives_each_row_what_it_gets_alone(checkpoints):
 
 
 def test_long_prompts_are_aligned_in_chunks(checkpoints, monkeypatch):
-    from mlx_qwen3asr import align
+    from mlx_qwen3asr import alignment as align
 
     aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"), dtype="float32")
     wav = test_signal(40.0, seed=5)
@@ -144,3 +144,40 @@ def test_unsupported_language_keeps_estimated_timing_and_says_so(checkpoints, mo
     assert result.warnings == [
         "word timing is estimated for 1 segment(s): Thai is not among the aligner's languages"
     ]
+
+
+TEXTS = {
+    "English": ("English", "So the first thing, I want to talk about today is the budget for next year."),
+    "Chinese": ("Chinese", "今天下午三点，我们在会议室讨论语音识别的新方案。"),
+    "mixed": ("Chinese", "我用iPhone拍了3张照片，然后发到了WeChat群里。"),
+    "German": ("German", "Die Besprechung über Spracherkennung beginnt um 15 Uhr in München."),
+    "Japanese": ("Japanese", "今日の午後三時に音声認識の会議があります。"),
+    "Korean": ("Korean", "오늘 오후 세 시에 음성 인식 회의가 있습니다."),
+}
+
+
+@pytest.mark.parametrize("name", list(TEXTS))
+def test_words_classes_and_times_match_official(checkpoints, name):
+    """The official Qwen3ForcedAligner.align pipeline, step by step, against ours on the same text."""
+    import torch
+    from official import official_aligner_module
+
+    from mlx_qwen3asr.words import split_items, word_times
+
+    language, text = TEXTS[name]
+    official, ours = pair(checkpoints, "aligner-tiny")
+    processor = official_aligner_module().Qwen3ForceAlignProcessor()
+    words, _ = processor.encode_timestamp(text, language)
+    wav = test_signal(8.1, seed=len(text))
+    ids, expected, _ = official.run(wav, words)
+    timestamp_ms = (torch.from_numpy(expected) * 80.0).numpy()  # as the official align() computes it
+    expected_times = [
+        (round(w["start_time"] / 1000.0, 3), round(w["end_time"] / 1000.0, 3))
+        for w in processor.parse_timestamp(words, timestamp_ms)
+    ]
+    items = split_items(text, language)
+    assert [i.text for i in items] == words and len(words) >= 5
+    (prompt,), (classes,) = our_classes(ours, [wav], [[i.text for i in items]])
+    assert prompt.ids == ids and classes.tolist() == expected.tolist()
+    assert word_times(classes.tolist(), 80.0, len(items)) == expected_times
+    assert len(set(expected_times)) > 1

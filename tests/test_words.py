@@ -17,14 +17,13 @@ import socket
 import sys
 import threading
 import time
-import types
 import unicodedata
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from official import official_module
+from official import official_aligner_module
 
 from mlx_qwen3asr import words
 from mlx_qwen3asr.words import Item, display_spans, fix_timestamps, split_items, word_times
@@ -39,34 +38,9 @@ NEEDS_SOYNLP = pytest.mark.skipif(
 )
 
 
-def _load_official_aligner() -> types.ModuleType:
-    """The official aligner module. Its audio helpers import librosa, and the module imports nagisa at
-    the top; only its text and timestamp processing is used here, so a missing librosa or nagisa is
-    stood in for while it is imported (and taken out of sys.modules again afterwards)."""
-    name = "inference.qwen3_forced_aligner"
-    stand_ins: dict[str, types.ModuleType] = {}
-    if not HAVE_NAGISA:
-        stand_ins["nagisa"] = types.ModuleType("nagisa")
-    if importlib.util.find_spec("librosa") is None:
-        utils = types.ModuleType("qwen_asr.inference.utils")
-        utils.AudioLike = object
-        utils.ensure_list = utils.normalize_audios = None
-        stand_ins["qwen_asr.inference.utils"] = utils
-    saved = {key: sys.modules.get(key) for key in stand_ins}
-    sys.modules.update(stand_ins)
-    try:
-        return official_module(name)
-    finally:
-        for key, module in saved.items():
-            if module is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = module
-
-
 @pytest.fixture(scope="module")
 def official():
-    return _load_official_aligner().Qwen3ForceAlignProcessor()
+    return official_aligner_module().Qwen3ForceAlignProcessor()
 
 
 @pytest.fixture(autouse=True)
