@@ -178,16 +178,22 @@ class OfficialAligner:
         if any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
             raise RuntimeError(f"the official aligner did not load {checkpoint} cleanly: {info}")
         self.model.eval()
+        # As the official loader builds it; and with the model's own (Qwen) split, which differs from
+        # the official loader's on mixed-case words (see the README's tokenizer section).
         self.processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=True)
+        self.qwen_split_processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=False)
 
     windowed = OfficialReference.windowed
 
     @torch.no_grad()
-    def run(self, wav: np.ndarray, words: list[str]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    def run(
+        self, wav: np.ndarray, words: list[str], qwen_split: bool = False
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
         """(input ids, class at every timestamp position, logits there) for one sample."""
         text = "<|audio_start|><|audio_pad|><|audio_end|>" + "<timestamp><timestamp>".join(words)
         text += "<timestamp><timestamp>"
-        inputs = self.processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
+        processor = self.qwen_split_processor if qwen_split else self.processor
+        inputs = processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
         with self.windowed():
             logits = self.model.thinker(**inputs).logits[0]
         ids = inputs["input_ids"][0]
