@@ -13,7 +13,7 @@ import time
 import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -60,6 +60,8 @@ from mlx_qwen3asr.writers import FORMATS
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 MODEL_ENV = "MLXASR_MODEL"
+DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
+ALIGNER_ENV = "MLXASR_ALIGNER"
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -75,6 +77,10 @@ CUE_SECONDS_RANGE = (CueOptions.min_duration, 3600.0)
 LINE_WIDTH_RANGE = (10, 1000)
 LINE_COUNT_RANGE = (1, 20)
 BATCH_SIZE_RANGE = (1, 256)
+PAUSE_SECONDS_RANGE = (0.05, 10.0)
+CUE_GAP_RANGE = (0.0, 1.0)
+CPS_RANGE = (1.0, 100.0)
+WORDS_PER_LINE_RANGE = (1, 100)
 
 DESCRIPTION = """\
 Transcribe audio and video files with Qwen3-ASR on MLX. Folders are searched recursively
@@ -170,7 +176,7 @@ def _int_in(limits: tuple[int, int]):
     return parse
 
 
-def _seconds_in(limits: tuple[float, float]):
+def _seconds_in(limits: tuple[float, float], unit: str = "seconds"):
     low, high = limits
 
     def parse(value: str) -> float:
@@ -179,7 +185,7 @@ def _seconds_in(limits: tuple[float, float]):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
         if not (math.isfinite(x) and low <= x <= high):
-            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} seconds, got {value}")
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} {unit}, got {value}")
         return x
 
     return parse
@@ -243,6 +249,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
     )
+    words = model.add_mutually_exclusive_group()
+    words.add_argument(
+        "--word-timestamps",
+        dest="word_timestamps",
+        action="store_true",
+        default=None,
+        help="time every word with the forced aligner (default: on when SRT or VTT is written)",
+    )
+    words.add_argument(
+        "--no-word-timestamps",
+        dest="word_timestamps",
+        action="store_false",
+        help="estimate cue times from the text and the pauses instead of timing words",
+    )
+    model.add_argument(
+        "--aligner",
+        default=None,
+        metavar="A",
+        help=f"forced aligner checkpoint folder or repo id (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER}); "
+        "loaded only when words are timed",
+    )
 
     rec = p.add_argument_group("recognition")
     rec.add_argument(
@@ -295,6 +322,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"longest time a cue stays on screen, where the text can be split ({_range(CUE_SECONDS_RANGE)}; "
         f"default: {defaults.max_duration:g})",
+    )
+    cues.add_argument(
+        "--highlight-words",
+        action="store_true",
+        help="underline the word being spoken in SRT (<u>) and tag each word's time in VTT (needs word timing)",
+    )
+    cues.add_argument(
+        "--max-words-per-line",
+        type=_int_in(WORDS_PER_LINE_RANGE),
+        default=None,
+        metavar="N",
+        help=f"words per subtitle line at most, with word timing ({_range(WORDS_PER_LINE_RANGE)}; default: no limit)",
+    )
+    cues.add_argument(
+        "--pause-seconds",
+        type=_seconds_in(PAUSE_SECONDS_RANGE),
+        default=defaults.pause,
+        metavar="S",
+        help=f"a pause between words this long ends a cue ({_range(PAUSE_SECONDS_RANGE)}; default: {defaults.pause:g})",
+    )
+    cues.add_argument(
+        "--min-cue-gap",
+        type=_seconds_in(CUE_GAP_RANGE),
+        default=defaults.min_gap,
+        metavar="S",
+        help=f"time between two cues at least, with word timing ({_range(CUE_GAP_RANGE)}; default: {defaults.min_gap:g})",
+    )
+    cues.add_argument(
+        "--max-chars-per-second",
+        type=_seconds_in(CPS_RANGE, "characters per second"),
+        default=defaults.max_cps,
+        metavar="N",
+        help=f"reading speed a cue keeps to where the text allows ({_range(CPS_RANGE)}; default: {defaults.max_cps:g})",
     )
 
     talk = p.add_mutually_exclusive_group()
@@ -664,12 +724,22 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
         max_width=args.max_line_width,
         max_lines=args.max_line_count,
         max_duration=args.max_cue_seconds,
+        pause=args.pause_seconds,
+        min_gap=args.min_cue_gap,
+        max_cps=args.max_chars_per_second,
+        max_words_per_line=args.max_words_per_line,
     )
+    if args.word_timestamps is None:  # timing words matters for subtitles, not for a transcript
+        args.word_timestamps = bool({"srt", "vtt"} & set(formats))
+    if args.highlight_words and not args.word_timestamps:
+        parser.error("argument --highlight-words: needs word timing (drop --no-word-timestamps)")
     options = TranscribeOptions(
         language=language,
         context=context,
         max_segment_seconds=args.max_segment_seconds,
         cues=cue_options,
+        word_timestamps=args.word_timestamps,
+        highlight_words=args.highlight_words,
     )
 
     report = Reporter(out, err, quiet=args.quiet, verbose=args.verbose)
@@ -748,7 +818,16 @@ def _transcribe_all(
         where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
         report.error(f"{where}: {e}")
         return EXIT_USAGE
-    report.info(f"model loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s)")
+    aligner = None
+    if options.word_timestamps:
+        source = _aligner_source(args)
+        named = bool(args.aligner or os.environ.get(ALIGNER_ENV))
+        aligner, status = _load_aligner(source, named, args, report)
+        if status is not None:
+            return status
+        options = replace(options, aligner=None if aligner is None else source)
+    timing = f", words timed by {options.aligner}" if options.aligner else ""
+    report.info(f"loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s){timing}")
 
     estimates = [estimate_duration(j.path) for j in todo]
     report.start(estimates)
@@ -763,6 +842,7 @@ def _transcribe_all(
         batch_size=args.batch_size,  # None: each batch sized from its segments and the free memory
         skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
         on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
+        aligner=aligner,
     )
     try:
         for res in stream:
@@ -782,6 +862,33 @@ def _transcribe_all(
     finally:
         stream.close()
     return EXIT_OK
+
+
+def _aligner_source(args: argparse.Namespace) -> str:
+    return args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
+
+
+def _load_aligner(source: str, named: bool, args: argparse.Namespace, report: Reporter):
+    """(the forced aligner or None, an exit status when the run must stop).
+
+    One named with --aligner or the environment must load (a usage error otherwise, as a bad --model);
+    when the default cannot be had (not cached and the hub unreachable), cue times are estimated.
+    """
+    report.info(f"loading aligner {source}")
+    try:
+        aligner = load(source, dtype=args.dtype)
+        require_kind(aligner, "aligner")
+    except Exception as e:
+        reason = _model_error(source, e).removeprefix(f"model {source}: ")
+        if named:
+            report.error(f"aligner {source}: {reason}")
+            return None, EXIT_USAGE
+        report.warning(
+            f"aligner {source}: {reason}; cue times are estimated from the text instead "
+            f"(name an aligner with --aligner or ${ALIGNER_ENV}, or pass --no-word-timestamps)"
+        )
+        return None, None
+    return aligner, None
 
 
 def _failure(e: BaseException) -> str:

@@ -321,6 +321,9 @@ class TranscribeOptions:
     context: str = ""
     max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS
     cues: CueOptions = field(default_factory=CueOptions)
+    word_timestamps: bool = False
+    aligner: str | None = None  # the aligner used, when words were timed
+    highlight_words: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The options as recorded in JSON output."""
@@ -331,6 +334,13 @@ class TranscribeOptions:
             "max_line_width": self.cues.max_width,
             "max_line_count": self.cues.max_lines,
             "max_cue_seconds": self.cues.max_duration,
+            "word_timestamps": self.word_timestamps,
+            "aligner": self.aligner,
+            "highlight_words": self.highlight_words,
+            "max_words_per_line": self.cues.max_words_per_line,
+            "pause_seconds": self.cues.pause,
+            "min_cue_gap": self.cues.min_gap,
+            "max_chars_per_second": self.cues.max_cps,
         }
 
 
@@ -363,7 +373,14 @@ def write_outputs(
     cues = build_cues(result.segments, wav, sample_rate=SAMPLE_RATE, options=options.cues)
     taken = set() if overwrite else set(existing_outputs(job))
     documents = {
-        path: render(fmt, result, cues, model=model_name, options=options.to_dict())
+        path: render(
+            fmt,
+            result,
+            cues,
+            model=model_name,
+            options=options.to_dict(),
+            highlight_words=options.highlight_words,
+        )
         for fmt, path in job.outputs.items()
         if fmt not in taken
     }

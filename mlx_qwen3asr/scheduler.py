@@ -283,9 +283,8 @@ class _Decoder:
         chosen = []
         for i, (task, seg) in enumerate(zip(tasks, segments)):
             if seg.truncated or seg.repetitive:
-                reason = "the text may be incomplete (token limit or a loop)"
-            else:
-                reason = why_not_aligned(self.aligner, seg.text, seg.language, task.span.duration)
+                continue  # its text may be incomplete; it is flagged as such already
+            reason = why_not_aligned(self.aligner, seg.text, seg.language, task.span.duration)
             if reason is None:
                 chosen.append(i)
             elif reason != "no text":

@@ -66,3 +66,14 @@ def checkpoints(tmp_path_factory, tokenizer_dir):
         return made[preset, layout]
 
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_aligner(checkpoints):
+    """mlxasr times words with a forced aligner when it writes subtitles; the default one is a hub
+    download, so the tests name a random-weight aligner of the published layout instead."""
+    import os
+
+    os.environ["MLXASR_ALIGNER"] = str(checkpoints("aligner-tiny"))
+    yield
+    os.environ.pop("MLXASR_ALIGNER", None)

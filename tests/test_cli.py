@@ -131,9 +131,9 @@ def check_outputs(stem: Path, silent: bool = False) -> None:
         assert subs == [] and doc["segments"] == [] and txt == ""
     else:
         assert subs and doc["segments"] and txt.strip()
-        assert all(
-            set(s) == {"start", "end", "text", "language", "truncated", "repetitive"} for s in doc["segments"]
-        )
+        fields = {"start", "end", "text", "language", "truncated", "repetitive", "timing", "words"}
+        assert all(set(s) == fields for s in doc["segments"])
+        assert all(s["timing"] in ("aligned", "estimated") for s in doc["segments"])
         assert doc["duration"] == pytest.approx(doc["segments"][-1]["end"])
 
 
@@ -363,6 +363,8 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
     src = write_audio(tmp_path / "x.wav", 6.0, 1)
     args = ["--max-line-width", "12", "--max-line-count", "1", "--max-cue-seconds", "1.5"]
     args += ["--max-segment-seconds", "2", "--context", "Qwen", "--dtype", "float32"]
+    args += ["--max-words-per-line", "3", "--pause-seconds", "0.4", "--min-cue-gap", "0.1"]
+    args += ["--max-chars-per-second", "15", "--highlight-words"]
     assert main([str(src), "--json", "--srt", "--model", ckpt, *args]) == 0
     capsys.readouterr()
     doc = json.loads((tmp_path / "x.json").read_text(encoding="utf-8"))
@@ -373,6 +375,13 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
         "max_line_width": 12,
         "max_line_count": 1,
         "max_cue_seconds": 1.5,
+        "word_timestamps": True,
+        "aligner": os.environ["MLXASR_ALIGNER"],
+        "highlight_words": True,
+        "max_words_per_line": 3,
+        "pause_seconds": 0.4,
+        "min_cue_gap": 0.1,
+        "max_chars_per_second": 15.0,
     }
     assert len(doc["segments"]) >= 3  # 6 s cut into pieces of at most 2 s
     assert all(s["end"] - s["start"] <= 2.0 + 1e-6 for s in doc["segments"])

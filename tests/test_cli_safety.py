@@ -258,7 +258,7 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
     monkeypatch.setattr(cli_main, "load", load)
     assert main([str(tmp_path / "rec"), "--srt", "-o", str(out), "--model", ckpt]) == 1
     cap = capsys.readouterr()
-    (before_load,) = errors_at_load
+    before_load, _ = errors_at_load  # the model, then the aligner (subtitles time their words)
     assert errors_for(before_load, blocked) == (
         f"cannot create output folder {out / 'sub'} (a file is in the way)"
     )
