@@ -548,3 +548,20 @@ def test_cli_subprocess(original, tmp_path):
         again.stderr.strip().splitlines()[-1]
         == f"mlxasr-convert: error: {dst} exists; use --force to replace it"
     )
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_aligner_conversions_align(checkpoints, tmp_path, bits):
+    source = checkpoints("aligner-tiny")
+    dst = convert_checkpoint(source, tmp_path / f"aligner-{bits}bit", bits=bits).path
+    quantized, plain = load(dst), load(convert_checkpoint(source, tmp_path / "bf16").path)
+    text = "So the first thing I want to talk about today is the budget."
+    wav = signal(6.0, seed=3)
+    words = mlx_qwen3asr.align(quantized, wav, text, "English")
+    reference = mlx_qwen3asr.align(plain, wav, text, "English")
+    assert [w.text for w in words] == [w.text for w in reference] == text.split()
+    assert all(0.0 <= w.start <= w.end <= 6.0 for w in words)
+    assert all(a.start <= b.start for a, b in zip(words, words[1:]))
+    moved = sum(abs(a.start - b.start) > 0.08 or abs(a.end - b.end) > 0.08 for a, b in zip(words, reference))
+    if bits == 8:
+        assert moved <= len(words) // 2
