@@ -334,6 +334,108 @@ def run_peer(
 # --------------------------------------------------------------------------------------------------
 
 
+ALIGN_PASSAGE = (
+    "So the first thing I want to talk about today is the budget for next year. We looked at every "
+    "department, and most of them asked for more than last time. That is not a surprise, because the "
+    "costs of almost everything went up, and the plans we made two years ago did not expect that."
+).split()
+
+
+def alignment_bench(args: argparse.Namespace, work: Path) -> dict:
+    """Forced alignment of a folder's segments: seconds per audio second, batched and one at a time,
+    and moona3k's aligner on the same segments and texts (with --peers)."""
+    from mlx_qwen3asr.alignment import align_segments
+    from mlx_qwen3asr.convert import convert_checkpoint
+    from tools.make_checkpoint import write_checkpoint
+
+    if args.aligner:
+        path = Path(args.aligner)
+    else:
+        path = REPO_ROOT / "checkpoints" / "random-aligner"
+        if not (path / "config.json").exists():
+            print(f"building {path}", file=sys.stderr)
+            write_checkpoint(path, "aligner", seed=0)
+    aligner = mlx_qwen3asr.load(str(path), dtype=args.dtype)
+    seconds = args.folder_seconds
+    wavs = [speechlike(seconds, seed=i) for i in range(args.files)]
+    # About 2.5 words a second, as speech has.
+    count = max(1, int(2.5 * seconds))
+    texts = [
+        " ".join((ALIGN_PASSAGE * (count // len(ALIGN_PASSAGE) + 1))[i : i + count]) for i in range(len(wavs))
+    ]
+    mels = [log_mel_spectrogram(w) for w in wavs]
+    english = ["English"] * len(wavs)
+
+    def batched():
+        return align_segments(aligner, mels, texts, english, [(0.0, seconds)] * len(wavs))
+
+    def alone():
+        return [
+            align_segments(aligner, [m], [t], ["English"], [(0.0, seconds)])[0] for m, t in zip(mels, texts)
+        ]
+
+    batched()  # warm-up
+    runs = {"batched": [], "one at a time": []}
+    for _ in range(args.runs):
+        for name, fn in (("batched", batched), ("one at a time", alone)):
+            start = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - start)
+    audio = seconds * len(wavs)
+    out = {
+        "aligner": str(path),
+        "segments": len(wavs),
+        "segment_seconds": seconds,
+        "words": count * len(wavs),
+        "seconds": {k: median(v) for k, v in runs.items()},
+        "seconds_per_audio_second": {k: median(v) / audio for k, v in runs.items()},
+    }
+    if args.peers:
+        float_copy = work / "aligner-mlx"
+        if not float_copy.exists():
+            convert_checkpoint(path, float_copy, dtype="float32")
+        clips = []
+        for i, w in enumerate(wavs):
+            clips.append(work / f"align-{i}.wav")
+            sf.write(clips[-1], w, SAMPLE_RATE)
+        (work / "texts.json").write_text(json.dumps(texts))
+        cmd = [args.peer_python, str(REPO_ROOT / "tools" / "peer_align.py"), "--model", str(float_copy)]
+        cmd += ["--texts", str(work / "texts.json"), *map(str, clips)]
+        peer_runs = []
+        for _ in range(args.peer_runs or args.runs):
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"moona3k aligner failed: {proc.stderr[-1500:]}")
+            peer_runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        out["moona3k"] = {
+            "version": peer_runs[0]["version"],
+            "seconds": median([r["seconds"] for r in peer_runs]),
+            "words": peer_runs[0]["words"],
+        }
+        out["moona3k"]["seconds_per_audio_second"] = out["moona3k"]["seconds"] / audio
+    return out
+
+
+def alignment_markdown(report: dict) -> str:
+    rows = [
+        f"Forced alignment: {report['segments']} segments of {report['segment_seconds']:g} s, "
+        f"{report['words']} words, {report['aligner']}",
+        "",
+        "| system | seconds | seconds per audio second |",
+        "| --- | --- | --- |",
+    ]
+    for name, value in report["seconds"].items():
+        rows.append(
+            f"| mlx_qwen3asr, {name} | {value:.2f} | {report['seconds_per_audio_second'][name]:.4f} |"
+        )
+    if "moona3k" in report:
+        peer = report["moona3k"]
+        rows.append(
+            f"| moona3k mlx-qwen3-asr {peer['version']} | {peer['seconds']:.2f} | {peer['seconds_per_audio_second']:.4f} |"
+        )
+    return "\n".join(rows)
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -431,7 +533,10 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="checkpoint directory or repo id (default: random 0.6b, built once)")
-    ap.add_argument("--mode", choices=(*MODES, "all"), default="all")
+    ap.add_argument("--mode", choices=(*MODES, "all", "align"), default="all")
+    ap.add_argument(
+        "--aligner", help="forced aligner for --mode align (default: random aligner preset, built once)"
+    )
     ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
     budget_args = ap.add_mutually_exclusive_group()
     budget_args.add_argument("--new-tokens", type=int, help="tokens decoded per segment")
@@ -468,6 +573,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
 
+    if args.mode == "align":
+        with tempfile.TemporaryDirectory(prefix="bench-align-") as tmp:
+            result = alignment_bench(args, Path(tmp))
+        text = alignment_markdown(result)
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps({**result, "markdown": text}, indent=2) + "\n")
+        return 0
     if args.model:
         model_path = Path(args.model)
     else:
