@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -169,99 +169,194 @@ def greedy_generate_batch(
     n = len(prompts)
     if not (n == len(audio_features) == len(max_new_tokens)):
         raise ValueError("prompts, audio_features and max_new_tokens must have the same length")
-    if n == 0:
-        return []
-    budgets = [max(0, int(b)) for b in max_new_tokens]
-    if n <= PREFILL_ROWS:
-        cache, last, pad_counts = _prefill(net, prompts, audio_features, prefix)
-    else:
-        # Groups of rows prefilled apart, then their caches joined (right-aligned, so every row's
-        # padding stays in front): costs less per token than one call over every row.
-        group_caches, group_lasts = [], []
-        for start in range(0, n, PREFILL_ROWS):
-            rows = slice(start, start + PREFILL_ROWS)
-            group_cache, group_last, _ = _prefill(net, prompts[rows], audio_features[rows], prefix)
-            mx.eval(group_last, [c.state for c in group_cache])
-            group_caches.append(group_cache)
-            group_lasts.append(group_last)
-        width = max(len(p) for p in prompts)
-        pad_counts = [width - len(p) for p in prompts]
-        cache = []
-        for layer in range(len(net.model.layers)):
-            cache.append(KVCache.stack([g[layer] for g in group_caches], width + max(budgets)))
-            for g in group_caches:
-                g[layer] = None  # each group's layer is freed once joined
-            mx.eval(cache[-1].state)
-        last = mx.concatenate(group_lasts, axis=0)
-    left_pad = mx.array(pad_counts, dtype=mx.int32) if any(pad_counts) else None
-    # Only the last position goes through the vocabulary head.
-    logits = net.logits(last)
-    y = mx.argmax(logits, axis=-1)
-    mx.async_eval(y)
-
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    kept: list[list[mx.array]] | None = [[] for _ in range(n)] if keep_logits else None
-    results: list[Generation | None] = [None] * n
-    active = list(range(n))  # batch row -> original index
-
-    def finish(index: int, truncated: bool = False, repetitive: bool = False) -> None:
-        logits_out = None if kept is None else kept[index]
-        results[index] = Generation(
-            tokens[index], truncated=truncated, repetitive=repetitive, logits=logits_out
-        )
-
-    for index in range(n):
-        if budgets[index] == 0:
-            finish(index, truncated=True)
-    active = [i for i in active if results[i] is None]
-    if len(active) < n and active:
-        y, left_pad = _keep(mx.array(active, dtype=mx.int32), cache, y, left_pad)
-
-    step = 0
-    while active:
-        if kept is not None:
-            for row, index in enumerate(active):
-                kept[index].append(logits[row])
-        # Keep the next step in flight while this one's tokens are read back.
-        next_y = None
-        if any(len(tokens[i]) + 1 < budgets[i] for i in active):
-            key_mask = None
-            if left_pad is not None:
-                key_mask = (mx.arange(cache[0].offset + 1)[None, :] >= left_pad[:, None])[:, None, None, :]
-            hidden = net.model(
-                net.model.embed_tokens(y[:, None]), mask=key_mask, cache=cache, left_pad=left_pad
-            )
-            logits = net.logits(hidden[:, -1, :])
-            next_y = mx.argmax(logits, axis=-1)
-            mx.async_eval(next_y)
-        step += 1
-        step_tokens = y.tolist()
-        if step == 1 and on_first_tokens is not None:
+    batch = DecodeBatch(net, eos_ids, prefix=prefix, keep_logits=keep_logits)
+    results: dict[int, Generation] = dict(batch.add(prompts, audio_features, max_new_tokens, range(n)))
+    first = True
+    while len(batch):
+        finished = batch.step()
+        if first and on_first_tokens is not None:
             on_first_tokens()  # the prompt is processed (benchmarks split prefill from decoding here)
-        still: list[int] = []
-        for index, token in zip(active, step_tokens):
-            if token in eos_ids:
-                finish(index)
-                continue
-            tokens[index].append(token)
-            count = len(tokens[index])
-            if count % LOOP_CHECK_EVERY == 0 and ends_in_loop(tokens[index]):
-                finish(index, repetitive=True)
-            elif count >= budgets[index]:
-                finish(index, truncated=True)
+        first = False
+        results.update(finished)
+    return [results[i] for i in range(n)]
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    budget: int
+    tokens: list[int]
+    logits: list[mx.array] | None
+
+
+class DecodeBatch:
+    """Rows decoded together greedily, one step at a time; new rows may join between steps.
+
+    A decoding step reads every weight once however many rows it advances, so rows that finish are
+    dropped at once and waiting prompts can take their place (continuous batching): `add` prefills the
+    new prompts and joins their caches to the running ones, each row right-aligned with its own
+    padding masked and its own positions, so every row decodes exactly as it would alone. The next
+    step is kept in flight while the current tokens are read back.
+    """
+
+    def __init__(
+        self,
+        net: Qwen3ASR,
+        eos_ids: set[int] | frozenset[int],
+        *,
+        prefix: Prefix | None = None,
+        keep_logits: bool = False,
+    ):
+        self.net, self.eos, self.prefix, self.keep_logits = net, frozenset(eos_ids), prefix, keep_logits
+        self.rows: list[_Row] = []
+        self.cache: list[KVCache] | None = None
+        self.left_pad: mx.array | None = None  # (rows,) pad positions in front of each row's own ones
+        self.y: mx.array | None = None  # (rows,) each row's next token, possibly still being computed
+        self.logits: mx.array | None = None  # (rows, vocab) the distribution y came from (keep_logits)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def keys(self) -> list[Hashable]:
+        return [r.key for r in self.rows]
+
+    def add(
+        self,
+        prompts: Sequence[list[int]],
+        audio_features: Sequence[mx.array],
+        max_new_tokens: Sequence[int],
+        keys: Sequence[Hashable],
+    ) -> list[tuple[Hashable, Generation]]:
+        """Prefill these prompts and join them to the batch; returns rows that are done at once
+        (a budget of 0)."""
+        done = []
+        chosen = []
+        for i, (key, budget) in enumerate(zip(keys, max_new_tokens)):
+            if int(budget) <= 0:
+                done.append(
+                    (
+                        key,
+                        Generation(
+                            [], truncated=True, repetitive=False, logits=[] if self.keep_logits else None
+                        ),
+                    )
+                )
             else:
-                still.append(index)
+                chosen.append(i)
+        if not chosen:
+            return done
+        prompts = [prompts[i] for i in chosen]
+        features = [audio_features[i] for i in chosen]
+        caches, lasts = [], []
+        for start in range(0, len(prompts), PREFILL_ROWS):
+            rows = slice(start, start + PREFILL_ROWS)
+            cache, last, pad_counts = _prefill(self.net, prompts[rows], features[rows], self.prefix)
+            mx.eval(last, [c.state for c in cache])
+            caches.append((cache, pad_counts))
+            lasts.append(last)
+        new_rows = [
+            _Row(keys[i], int(max_new_tokens[i]), [], [] if self.keep_logits else None) for i in chosen
+        ]
+        logits = self.net.logits(mx.concatenate(lasts, axis=0))
+        y = mx.argmax(logits, axis=-1)
+        self._join(caches, new_rows, y, logits)
+        return done
+
+    def _join(self, caches, new_rows: list[_Row], y: mx.array, logits: mx.array) -> None:
+        """Stack the running rows' caches and the new ones, every row right-aligned at the widest."""
+        parts = ([(self.cache, None)] if self.cache is not None else []) + caches
+        width = max(c[0].offset for c, _ in parts)
+        remaining = max(r.budget - len(r.tokens) for r in self.rows + new_rows)
+        pads: list[mx.array] = []
+        if self.cache is not None:
+            old = self.left_pad if self.left_pad is not None else mx.zeros((len(self.rows),), mx.int32)
+            pads.append(old + (width - self.cache[0].offset))
+        for cache, pad_counts in caches:
+            pads.append(mx.array(pad_counts, dtype=mx.int32) + (width - cache[0].offset))
+        joined = []
+        for layer in range(len(self.net.model.layers)):
+            joined.append(KVCache.stack([c[layer] for c, _ in parts], width + remaining))
+            for c, _ in parts:
+                c[layer] = None  # each part's layer is freed once joined
+            mx.eval(joined[-1].state)
+        self.cache = joined
+        left_pad = mx.concatenate(pads)
+        self.left_pad = left_pad if bool(mx.any(left_pad > 0)) else None
+        self.y = y if self.y is None else mx.concatenate([self.y, y])
+        if self.keep_logits:
+            self.logits = logits if self.logits is None else mx.concatenate([self.logits, logits])
+        self.rows.extend(new_rows)
+        mx.async_eval(self.y)
+
+    def step(self) -> list[tuple[Hashable, Generation]]:
+        """Take every row's next token; returns the rows that finished (EOS, budget or a loop)."""
+        if not self.rows:
+            return []
+        if self.keep_logits:
+            for row, r in enumerate(self.rows):
+                r.logits.append(self.logits[row])
+        # Keep the next step in flight while this one's tokens are read.
+        next_y = next_logits = None
+        if any(len(r.tokens) + 1 < r.budget for r in self.rows):
+            key_mask = None
+            if self.left_pad is not None:
+                positions = mx.arange(self.cache[0].offset + 1)
+                key_mask = (positions[None, :] >= self.left_pad[:, None])[:, None, None, :]
+            net = self.net
+            hidden = net.model(
+                net.model.embed_tokens(self.y[:, None]),
+                mask=key_mask,
+                cache=self.cache,
+                left_pad=self.left_pad,
+            )
+            next_logits = net.logits(hidden[:, -1, :])
+            next_y = mx.argmax(next_logits, axis=-1)
+            mx.async_eval(next_y)
+        finished, still = [], []
+        for row, (r, token) in enumerate(zip(self.rows, self.y.tolist())):
+            if token in self.eos:
+                finished.append(
+                    (r.key, Generation(r.tokens, truncated=False, repetitive=False, logits=r.logits))
+                )
+                continue
+            r.tokens.append(token)
+            count = len(r.tokens)
+            if count % LOOP_CHECK_EVERY == 0 and ends_in_loop(r.tokens):
+                finished.append(
+                    (r.key, Generation(r.tokens, truncated=False, repetitive=True, logits=r.logits))
+                )
+            elif count >= r.budget:
+                finished.append(
+                    (r.key, Generation(r.tokens, truncated=True, repetitive=False, logits=r.logits))
+                )
+            else:
+                still.append(row)
         if not still:
-            break
-        if len(still) < len(active):
-            row_of = {index: row for row, index in enumerate(active)}
-            rows = mx.array([row_of[i] for i in still], dtype=mx.int32)
-            next_y, left_pad = _keep(rows, cache, next_y, left_pad)
-            if kept is not None:
-                logits = logits[rows]
-        active = still
-        y = next_y
-    return [r for r in results if r is not None]
+            self.rows, self.cache, self.left_pad, self.y, self.logits = [], None, None, None, None
+            return finished
+        if len(still) < len(self.rows):
+            keep = mx.array(still, dtype=mx.int32)
+            next_y, self.left_pad = _keep(keep, self.cache, next_y, self.left_pad)
+            if next_logits is not None and self.keep_logits:
+                next_logits = next_logits[keep]
+            self.rows = [self.rows[i] for i in still]
+        self.y, self.logits = next_y, next_logits
+        return finished
+
+    def drop(self, keys: set[Hashable]) -> None:
+        """Remove these rows (their requests went away) without finishing them."""
+        still = [i for i, r in enumerate(self.rows) if r.key not in keys]
+        if len(still) == len(self.rows):
+            return
+        if not still:
+            self.rows, self.cache, self.left_pad, self.y, self.logits = [], None, None, None, None
+            return
+        keep = mx.array(still, dtype=mx.int32)
+        self.y, self.left_pad = _keep(keep, self.cache, self.y, self.left_pad)
+        if self.logits is not None:
+            self.logits = self.logits[keep]
+        self.rows = [self.rows[i] for i in still]
 
 
 def _keep(
