@@ -8,9 +8,10 @@ segments is sorted by length before each batch so that rows of a batch need litt
 
 from __future__ import annotations
 
+import functools
 import os
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ import numpy as np
 from .alignment import align_segments, why_not_aligned
 from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
 from .decode import ArraySignal, DecodedAudio, Signal, read_audio
-from .generate import Prefix, greedy_generate_batch, prefill_prefix, token_budget
+from .generate import DecodeBatch, Prefix, prefill_prefix, token_budget
 from .loading import ASRModel, require_kind
 from .model import encoder_batch
 from .prompt import (
@@ -47,6 +48,10 @@ STEM_CHUNKS = 8
 MAX_BATCH = 32
 # Share of the available memory that the batch's KV cache may take.
 MEMORY_FRACTION = 0.25
+# Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
+ALIGN_GROUP = 8
+# Prompt starts (contexts) whose keys and values are kept for later batches.
+PREFIXES_KEPT = 4
 
 AudioInput = str | os.PathLike | np.ndarray | tuple
 
@@ -174,9 +179,21 @@ class InputResult:
     skipped: bool = False
 
 
+@dataclass(frozen=True)
+class InputOptions:
+    """How one input is transcribed."""
+
+    language: str | None = None  # a canonical name (resolve_language), or None to detect
+    context: str = ""
+    align: bool = False  # time the words (needs the scheduler's aligner)
+    skip: Callable[[Signal], bool] | None = None  # inputs this holds for are not sent to the model
+
+
 @dataclass
 class _Pending:
+    key: Hashable
     prepared: PreparedInput
+    options: InputOptions
     segments: list[Segment | None]
     reported: int = 0  # segments already passed to on_segment, in time order
     timing_notes: list[str] = field(default_factory=list)  # why segments kept estimated word timing
@@ -186,10 +203,11 @@ class _Pending:
         return all(s is not None for s in self.segments)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Task:
     pending: _Pending
     position: int  # segment number within its input
+    order: int  # admission order: the oldest waiting context is served first
     _mel: np.ndarray | None = None
 
     @property
@@ -209,102 +227,9 @@ class _Task:
             self._mel = log_mel_spectrogram(samples)
         return self._mel
 
-
-class _Decoder:
-    """Runs one batch of segments: encoder, prompts, batched greedy decoding, text.
-
-    The prompt start (system prompt and context) is the same for every segment: its keys and values
-    are computed once, at the first batch, and shared by every row of every batch.
-    """
-
-    def __init__(
-        self, model: ASRModel, language: str | None, context: str, aligner: ASRModel | None = None
-    ) -> None:
-        self.model, self.language, self.aligner = model, language, aligner
-        tok = model.tokenizer
-        self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
-        self.prefix_ids = prompt_prefix_ids(tok, context)  # raises on an over-long context, before any work
-        self.suffix_overhead = len(prompt_suffix_ids(tok, 0, language))
-        self._prefix: Prefix | None = None
-
     @property
-    def prefix(self) -> Prefix:
-        if self._prefix is None:
-            self._prefix = prefill_prefix(self.model.net, self.prefix_ids)
-        return self._prefix
-
-    def rows_that_fit(self, tasks: Sequence[_Task], memory: int) -> int:
-        """How many of these tasks, taken in order, decode together with their KV cache in `memory` bytes.
-
-        The cache holds, for every row, the longest prompt of the batch (after the shared prefix) plus
-        the largest token budget; the prefix is held once.
-        """
-        cfg = self.model.config.audio_config
-        per_position = kv_bytes_per_position(self.model)
-        memory -= len(self.prefix_ids) * per_position
-        width = budget = 0
-        for n, task in enumerate(tasks, start=1):
-            width = max(width, self.suffix_overhead + cfg.audio_tokens(task.frames))
-            budget = max(budget, token_budget(task.span.duration))
-            if n * (width + budget) * per_position > memory:
-                return max(1, n - 1)
-        return len(tasks)
-
-    def __call__(self, tasks: Sequence[_Task]) -> list[Segment]:
-        model, tok = self.model, self.model.tokenizer
-        features = encode_segments(model, [t.mel for t in tasks])
-        prompts = [prompt_suffix_ids(tok, int(f.shape[0]), self.language) for f in features]
-        budgets = [token_budget(t.span.duration) for t in tasks]
-        generations = greedy_generate_batch(
-            model.net, prompts, features, budgets, self.eos, prefix=self.prefix
-        )
-        segments = []
-        for task, gen in zip(tasks, generations):
-            raw = tok.decode(gen.tokens, skip_special_tokens=True)
-            language, text = parse_output(raw, self.language)
-            _, collapsed = fix_repetitions_flag(raw.strip())
-            segments.append(
-                Segment(
-                    start=task.span.start_seconds,
-                    end=task.span.end_seconds,
-                    text=text,
-                    language=language,
-                    truncated=gen.truncated,
-                    repetitive=gen.repetitive or collapsed,
-                )
-            )
-        if self.aligner is not None:
-            self.align(tasks, segments)
-        return segments
-
-    def align(self, tasks: Sequence[_Task], segments: list[Segment]) -> None:
-        """Time the words of the batch's segments in one aligner pass; the others keep estimated timing
-        and their input records why."""
-        chosen = []
-        for i, (task, seg) in enumerate(zip(tasks, segments)):
-            if seg.truncated or seg.repetitive:
-                continue  # its text may be incomplete; it is flagged as such already
-            reason = why_not_aligned(self.aligner, seg.text, seg.language, task.span.duration)
-            if reason is None:
-                chosen.append(i)
-            elif reason != "no text":
-                task.pending.timing_notes.append(reason)
-        if not chosen:
-            return
-        try:
-            words = align_segments(
-                self.aligner,
-                [tasks[i].mel for i in chosen],
-                [segments[i].text for i in chosen],
-                [segments[i].language for i in chosen],
-                [(segments[i].start, segments[i].end) for i in chosen],
-            )
-        except Exception as e:  # e.g. out of memory: the text stands, with estimated timing
-            for i in chosen:
-                tasks[i].pending.timing_notes.append(f"the aligner failed ({type(e).__name__}: {e})")
-            return
-        for i, found in zip(chosen, words):
-            segments[i].words, segments[i].timing = found, "aligned"
+    def context(self) -> str:
+        return self.pending.options.context
 
 
 def _assemble(
@@ -325,6 +250,320 @@ def _assemble(
     )
 
 
+class Scheduler:
+    """Segments of many inputs decoded together, continuously: rows that finish are replaced at once.
+
+    Inputs are decoded from their files and cut at quiet points on a background thread; their
+    segments wait in a pool. The running batch takes as many as its memory share allows (longest first,
+    so rows need little padding), and whenever a quarter of its places are free, waiting segments are
+    prefilled and join it at the next step (continuous batching); every row decodes the ids it would
+    alone. Rows of a batch share their prompt start (system prompt and context), computed once per
+    context; segments of another context wait until the batch drains. With an aligner, decoded
+    segments of inputs that ask for word timing are aligned in groups, right after their text.
+
+    One thread drives it: `submit` inputs, call `run_once` until `idle`, collect the InputResults it
+    returns as inputs finish. transcribe_stream and the server's Engine are built on it.
+    """
+
+    def __init__(
+        self,
+        model: ASRModel,
+        *,
+        aligner: ASRModel | None = None,
+        max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
+        batch_size: int | None = None,
+        on_segment: Callable[[Hashable, Segment], None] | None = None,
+    ) -> None:
+        require_kind(model, "asr")
+        if aligner is not None:
+            require_kind(aligner, "aligner")
+        self.model, self.aligner, self.on_segment = model, aligner, on_segment
+        self.max_segment_seconds = max_segment_seconds
+        self.fixed = max(1, int(batch_size)) if batch_size else None
+        self.size = self.fixed or MAX_BATCH
+        self.kv_memory = None if self.fixed else int(available_memory() * MEMORY_FRACTION)
+        tok = model.tokenizer
+        self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
+        self.waiting: deque[tuple[Hashable, AudioInput, InputOptions]] = deque()
+        self.queued: list[tuple[Hashable, InputOptions, str | None, Future[PreparedInput]]] = []
+        self.pending: dict[Hashable, _Pending] = {}
+        self.pool: list[_Task] = []
+        self.batch: DecodeBatch | None = None
+        self.batch_context: str | None = None
+        self.in_batch: dict[int, _Task] = {}  # row key (id of the task) -> task
+        self.to_align: list[tuple[_Task, Segment]] = []
+        self.prefixes: OrderedDict[str, tuple[list[int], Prefix | None]] = OrderedDict()
+        self.admitted = 0
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prepare")
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    def submit(self, key: Hashable, audio: AudioInput, options: InputOptions = InputOptions()) -> None:
+        """Queue an input; its result comes out of run_once under this key."""
+        self.prefix_ids(options.context)  # an over-long context is refused before any work
+        if options.align and self.aligner is None:
+            raise ValueError("word timing needs a scheduler built with an aligner")
+        self.waiting.append((key, audio, options))
+
+    def cancel(self, key: Hashable) -> None:
+        """Forget an input: its waiting segments leave the pool and its rows the batch; no result."""
+        self.waiting = deque(w for w in self.waiting if w[0] != key)
+        for item in [q for q in self.queued if q[0] == key]:
+            item[3].cancel()
+            self.queued.remove(item)
+        entry = self.pending.pop(key, None)
+        if entry is None:
+            return
+        self.pool = [t for t in self.pool if t.pending is not entry]
+        self.to_align = [(t, s) for t, s in self.to_align if t.pending is not entry]
+        rows = {k for k, t in self.in_batch.items() if t.pending is entry}
+        if rows and self.batch is not None:
+            self.batch.drop(rows)
+            for k in rows:
+                del self.in_batch[k]
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.queued or self.pending)
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.batch is None else len(self.batch)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- one iteration ---------------------------------------------------------------------------
+
+    def run_once(self) -> list[InputResult]:
+        """Prepare and admit inputs, refill the batch, decode one step, align what is due; returns the
+        inputs that finished."""
+        results: list[InputResult] = []
+        self._prepare_ahead()
+        # With no row running there is nothing to overlap: wait until the pool can fill a batch.
+        results += self._admit(block=not self.rows and not self.to_align)
+        try:
+            self._refill()
+            if self.rows:
+                self._step()
+        except Exception as e:  # e.g. out of memory: the inputs in the batch fail, the others go on
+            results += self._fail_batch(e)
+        self._align_if_due()
+        results += self._complete()
+        return results
+
+    def _prepare_ahead(self) -> None:
+        # Prepare ahead while the pool is short of two batches (long inputs fill it at once, and
+        # their samples are not held for many more inputs meanwhile).
+        ahead = max(2, self.size)
+        while (
+            self.waiting and len(self.queued) < ahead and (len(self.pool) < 2 * self.size or not self.queued)
+        ):
+            key, audio, options = self.waiting.popleft()
+            args = (key, audio, self.max_segment_seconds, options.skip)
+            self.queued.append((key, options, _source(audio), self.executor.submit(prepare_input, *args)))
+
+    def _admit(self, block: bool) -> list[InputResult]:
+        """Move prepared inputs into the pool until it holds two batches (waiting for them if `block`)."""
+        results = []
+        while self.queued and len(self.pool) < 2 * self.size:
+            key, options, source, future = self.queued[0]
+            if not future.done() and not block:
+                break
+            self.queued.pop(0)
+            try:
+                prepared = future.result()
+            except Exception as e:  # unreadable audio: this input fails, the others go on
+                results.append(InputResult(key, source, error=e))
+                continue
+            if not prepared.spans:
+                empty = _assemble(prepared, [], options.language)
+                results.append(
+                    InputResult(key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
+                )
+                continue
+            entry = _Pending(key, prepared, options, [None] * len(prepared.spans))
+            self.pending[key] = entry
+            for i in range(len(prepared.spans)):
+                self.pool.append(_Task(entry, i, self.admitted))
+                self.admitted += 1
+        return results
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def prefix_ids(self, context: str) -> list[int]:
+        if context not in self.prefixes:
+            self.prefixes[context] = (prompt_prefix_ids(self.model.tokenizer, context), None)
+        return self.prefixes[context][0]
+
+    def _prefix(self, context: str) -> Prefix:
+        ids, prefix = self.prefixes[context] if context in self.prefixes else (self.prefix_ids(context), None)
+        if prefix is None:
+            prefix = prefill_prefix(self.model.net, ids)
+        self.prefixes[context] = (ids, prefix)
+        self.prefixes.move_to_end(context)
+        while len(self.prefixes) > PREFIXES_KEPT:
+            self.prefixes.popitem(last=False)
+        return prefix
+
+    def rows_that_fit(self, tasks: Sequence[_Task], memory: int, context: str) -> int:
+        """How many of these tasks, taken in order, can join the running rows (if any) with the KV cache
+        of them all in `memory` bytes; at least one when nothing runs.
+
+        The joined cache holds, for every row, the widest prompt or running row (after the shared
+        prefix) plus the largest token budget left; the prefix is held once.
+        """
+        cfg = self.model.config.audio_config
+        per_position = kv_bytes_per_position(self.model)
+        memory -= len(self.prefix_ids(context)) * per_position
+        width = budget = running = 0
+        if self.rows:
+            width, running = self.batch.cache[0].offset, len(self.batch)
+            budget = max(r.budget - len(r.tokens) for r in self.batch.rows)
+        for n, task in enumerate(tasks, start=1):
+            width = max(
+                width, self._suffix_overhead(task.pending.options.language) + cfg.audio_tokens(task.frames)
+            )
+            budget = max(budget, token_budget(task.span.duration))
+            if (running + n) * (width + budget) * per_position > memory:
+                return n - 1 if running or n > 1 else 1
+        return len(tasks)
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (one scheduler per run; a few languages)
+    def _suffix_overhead(self, language: str | None) -> int:
+        return len(prompt_suffix_ids(self.model.tokenizer, 0, language))
+
+    def _refill(self) -> None:
+        """Start a batch, or let waiting segments of its context take the places finished rows left."""
+        if not self.pool:
+            return
+        if not self.rows:
+            self.batch = None
+            # The context whose segment has waited longest goes next.
+            self.batch_context = min(self.pool, key=lambda t: t.order).context
+        candidates = sorted(
+            (t for t in self.pool if t.context == self.batch_context), key=lambda t: t.frames, reverse=True
+        )
+        if not candidates:
+            return
+        running = self.rows
+        if self.fixed:
+            free = self.fixed - running
+        else:
+            fits = self.rows_that_fit(candidates[: self.size - running], self.kv_memory, self.batch_context)
+            free = min(fits, self.size - running)
+        # Join when a quarter of the places are free (or every waiting segment fits): a prefill and a
+        # cache join cost about as much for one new row as for several.
+        if free <= 0 or (free < max(1, (running + free) // 4) and len(candidates) > free):
+            return
+        chosen = candidates[:free]
+        chosen_ids = {id(t) for t in chosen}
+        self.pool = [t for t in self.pool if id(t) not in chosen_ids]
+        if self.batch is None:
+            self.batch = DecodeBatch(self.model.net, self.eos, prefix=self._prefix(self.batch_context))
+        features = encode_segments(self.model, [t.mel for t in chosen])
+        tok = self.model.tokenizer
+        prompts = [
+            prompt_suffix_ids(tok, int(f.shape[0]), t.pending.options.language)
+            for f, t in zip(features, chosen)
+        ]
+        budgets = [token_budget(t.span.duration) for t in chosen]
+        for t in chosen:
+            self.in_batch[id(t)] = t
+        for key, gen in self.batch.add(prompts, features, budgets, [id(t) for t in chosen]):
+            self._finished(self.in_batch.pop(key), gen)
+
+    def _step(self) -> None:
+        for key, gen in self.batch.step():
+            self._finished(self.in_batch.pop(key), gen)
+
+    def _finished(self, task: _Task, gen) -> None:
+        """A row is done: its segment's text; with word timing asked for, it waits for the aligner."""
+        tok, options = self.model.tokenizer, task.pending.options
+        raw = tok.decode(gen.tokens, skip_special_tokens=True)
+        language, text = parse_output(raw, options.language)
+        _, collapsed = fix_repetitions_flag(raw.strip())
+        seg = Segment(
+            start=task.span.start_seconds,
+            end=task.span.end_seconds,
+            text=text,
+            language=language,
+            truncated=gen.truncated,
+            repetitive=gen.repetitive or collapsed,
+        )
+        if options.align and not (seg.truncated or seg.repetitive):
+            reason = why_not_aligned(self.aligner, seg.text, seg.language, task.span.duration)
+            if reason is None:
+                self.to_align.append((task, seg))  # the aligner reads its mel again
+                return
+            if reason != "no text":
+                task.pending.timing_notes.append(reason)
+        task._mel = None
+        task.pending.segments[task.position] = seg
+
+    def _fail_batch(self, error: Exception) -> list[InputResult]:
+        failed = {t.pending.key for t in self.in_batch.values()}
+        self.batch, self.in_batch = None, {}
+        results = []
+        for key in failed:
+            entry = self.pending.pop(key, None)
+            if entry is None:
+                continue
+            self.pool = [t for t in self.pool if t.pending is not entry]
+            self.to_align = [(t, s) for t, s in self.to_align if t.pending is not entry]
+            results.append(InputResult(key, entry.prepared.source, wav=entry.prepared.wav, error=error))
+        return results
+
+    # -- word timing -----------------------------------------------------------------------------
+
+    def _align_if_due(self) -> None:
+        """Align the decoded segments waiting for it: in groups, or at once when an input waits only for them."""
+        if not self.to_align:
+            return
+        waiting_inputs = {t.pending.key for t, _ in self.to_align}
+        only_alignment = any(
+            all(s is not None or any(t.pending is self.pending[k] and t.position == i for t, _ in self.to_align)
+                for i, s in enumerate(self.pending[k].segments))
+            for k in waiting_inputs
+        )  # fmt: skip
+        if len(self.to_align) < ALIGN_GROUP and self.rows and not only_alignment:
+            return
+        group, self.to_align = self.to_align, []
+        try:
+            words = align_segments(
+                self.aligner,
+                [t.mel for t, _ in group],
+                [s.text for _, s in group],
+                [s.language for _, s in group],
+                [(s.start, s.end) for _, s in group],
+            )
+        except Exception as e:  # e.g. out of memory: the text stands, with estimated timing
+            words = None
+            for task, _ in group:
+                task.pending.timing_notes.append(f"the aligner failed ({type(e).__name__}: {e})")
+        for i, (task, seg) in enumerate(group):
+            if words is not None:
+                seg.words, seg.timing = words[i], "aligned"
+            task._mel = None
+            task.pending.segments[task.position] = seg
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def _complete(self) -> list[InputResult]:
+        """Report new segments in time order, and hand out the inputs whose segments are all done."""
+        results = []
+        for key, entry in list(self.pending.items()):
+            while entry.reported < len(entry.segments) and entry.segments[entry.reported] is not None:
+                if self.on_segment is not None:
+                    self.on_segment(key, entry.segments[entry.reported])
+                entry.reported += 1
+            if entry.complete:
+                del self.pending[key]
+                result = _assemble(entry.prepared, entry.segments, entry.options.language, entry.timing_notes)
+                results.append(InputResult(key, entry.prepared.source, result, entry.prepared.wav))
+        return results
+
+
 def transcribe_stream(
     model: ASRModel,
     inputs: Sequence[AudioInput],
@@ -339,87 +578,38 @@ def transcribe_stream(
 ) -> Iterator[InputResult]:
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
-    batch_size: segments decoded together (None: as many as MEMORY_FRACTION of the free memory holds
-        KV caches for, given the segments' lengths, up to MAX_BATCH).
+    batch_size: rows decoded together (None: as many as MEMORY_FRACTION of the free memory holds
+        KV caches for, given the segments' lengths, up to MAX_BATCH); finished rows are replaced by
+        waiting segments as they go (continuous batching).
     skip: inputs whose waveform this returns True for are not sent to the model (empty result).
     on_segment(input index, segment): each input's segments, in time order, as they become known.
-    aligner: a Qwen3-ForcedAligner; each batch's segments then get word times (segment.words), aligned
-        together right after their text is decoded.
+    aligner: a Qwen3-ForcedAligner; segments then get word times (segment.words), aligned in groups
+        right after their text is decoded.
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
     go on. Results come in the order inputs finish, which is not the input order.
     """
-    require_kind(model, "asr")
-    if aligner is not None:
-        require_kind(aligner, "aligner")
-    forced = resolve_language(language)
-    fixed = max(1, int(batch_size)) if batch_size else None
-    size = fixed or MAX_BATCH
-    kv_memory = None if fixed else int(available_memory() * MEMORY_FRACTION)
-    decode = _Decoder(model, forced, context, aligner)
-    inputs = list(inputs)
-    ahead = max(2, size)  # inputs being prepared in the background
-    queued: list[tuple[int, Future[PreparedInput]]] = []
-    submitted = 0
-    pool: list[_Task] = []
-    pending: dict[int, _Pending] = {}
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prepare")
+    options = InputOptions(resolve_language(language), context, aligner is not None, skip)
+    scheduler = Scheduler(
+        model,
+        aligner=aligner,
+        max_segment_seconds=max_segment_seconds,
+        batch_size=batch_size,
+        on_segment=on_segment,
+    )
     try:
-        while True:
-            # Prepare ahead while the pool is short of two batches (long inputs fill it at once, and
-            # their waveforms and mels are not held for many more inputs meanwhile).
-            while submitted < len(inputs) and len(queued) < ahead and (len(pool) < 2 * size or not queued):
-                args = (submitted, inputs[submitted], max_segment_seconds, skip)
-                queued.append((submitted, executor.submit(prepare_input, *args)))
-                submitted += 1
-            # Admit prepared inputs until the pool holds two batches: enough to sort by length.
-            if queued and len(pool) < 2 * size:
-                index, future = queued.pop(0)
-                try:
-                    prepared = future.result()
-                except Exception as e:  # unreadable audio: this input fails, the others go on
-                    yield InputResult(index, _source(inputs[index]), error=e)
-                    continue
-                if not prepared.spans:
-                    empty = _assemble(prepared, [], forced)
-                    yield InputResult(index, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
-                    continue
-                entry = _Pending(prepared, [None] * len(prepared.spans))
-                pending[index] = entry
-                pool.extend(_Task(entry, i) for i in range(len(prepared.spans)))
-                continue
-            if not pool:
-                break
-            pool.sort(key=lambda t: t.frames, reverse=True)
-            rows = size if fixed else decode.rows_that_fit(pool[:size], kv_memory)
-            batch, pool = pool[:rows], pool[rows:]
-            touched = sorted({t.pending.prepared.index for t in batch})
-            try:
-                segments = decode(batch)
-            except Exception as e:  # e.g. out of memory: the inputs of this batch fail, the rest go on
-                pool = [t for t in pool if t.pending.prepared.index not in touched]
-                for index in touched:
-                    entry = pending.pop(index)
-                    yield InputResult(index, entry.prepared.source, wav=entry.prepared.wav, error=e)
-                continue
-            for task, seg in zip(batch, segments):
-                task.pending.segments[task.position] = seg
-            for index in touched:
-                entry = pending[index]
-                while entry.reported < len(entry.segments) and entry.segments[entry.reported] is not None:
-                    if on_segment is not None:
-                        on_segment(index, entry.segments[entry.reported])
-                    entry.reported += 1
-                if entry.complete:
-                    del pending[index]
-                    result = _assemble(entry.prepared, entry.segments, forced, entry.timing_notes)
-                    yield InputResult(index, entry.prepared.source, result, entry.prepared.wav)
+        for index, audio in enumerate(inputs):
+            scheduler.submit(index, audio, options)
+        while not scheduler.idle:
+            yield from scheduler.run_once()
     finally:
-        executor.shutdown(wait=False, cancel_futures=True)
+        scheduler.close()
 
 
 __all__ = [
     "DEFAULT_MAX_SEGMENT_SECONDS",
+    "InputOptions",
     "InputResult",
+    "Scheduler",
     "encode_segments",
     "kv_bytes_per_position",
     "load_input",

@@ -86,20 +86,12 @@ def test_aligning_with_a_speech_model_is_refused(checkpoints):
 
 def scripted_decoding(monkeypatch, model, texts):
     """Make the speech model 'say' the given texts (random weights never end a sentence themselves)."""
-    from mlx_qwen3asr import scheduler
-    from mlx_qwen3asr.generate import Generation
+    from scripted import script_batches
 
-    eos = model.tokenizer.token_to_id("<|im_end|>")
     queue = list(texts)
-
-    def decode(net, prompts, features, budgets, eos_ids, **kwargs):
-        out = []
-        for _ in prompts:
-            ids = model.tokenizer.encode(f"language English<asr_text>{queue.pop(0)}") if queue else [eos]
-            out.append(Generation(ids, truncated=False, repetitive=False))
-        return out
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", decode)
+    script_batches(
+        monkeypatch, lambda prompt: model.tokenizer.encode(f"language English<asr_text>{queue.pop(0)}")
+    )
 
 
 def test_transcribe_with_an_aligner_times_the_words(checkpoints, monkeypatch):
@@ -127,17 +119,12 @@ def test_transcribe_with_an_aligner_times_the_words(checkpoints, monkeypatch):
 
 
 def test_unsupported_language_keeps_estimated_timing_and_says_so(checkpoints, monkeypatch):
-    from mlx_qwen3asr import scheduler
-    from mlx_qwen3asr.generate import Generation
+    from scripted import script_batches
 
     model = mlx_qwen3asr.load(checkpoints("tiny"))
     aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
 
-    def decode(net, prompts, features, budgets, eos_ids, **kwargs):
-        ids = model.tokenizer.encode("language Thai<asr_text>สวัสดีครับ")
-        return [Generation(ids, truncated=False, repetitive=False) for _ in prompts]
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", decode)
+    script_batches(monkeypatch, lambda prompt: model.tokenizer.encode("language Thai<asr_text>สวัสดีครับ"))
     result = mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1), aligner=aligner)
     (seg,) = result.segments
     assert seg.timing == "estimated" and seg.words == []

@@ -178,17 +178,14 @@ def test_batch_size_does_not_change_any_text(model, monkeypatch):
 
 
 def test_segments_of_several_inputs_share_batches(model, monkeypatch):
-    sizes = []
-    real = scheduler.greedy_generate_batch
+    from scripted import spy_batches
 
-    def spy(net, prompts, *args, **kwargs):
-        sizes.append(len(prompts))
-        return real(net, prompts, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
+    record = spy_batches(monkeypatch)
     mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4)
-    # 3 + 1 + 1 + 1 segments: a batch of 4, then the other 2.
-    assert sizes == [4, 2]
+    # 3 + 1 + 1 + 1 segments: 4 rows at once, the other 2 joining as rows finish.
+    assert max(record.sizes) == 4 and record.adds[0]["running"] == 0
+    assert sum(len(a["prompts"]) for a in record.adds) == 6
+    assert len(record.adds) >= 2 and any(a["running"] > 0 for a in record.adds[1:])  # joined a running batch
 
 
 def test_stream_reports_bad_inputs_and_keeps_going(model, tmp_path):
@@ -222,41 +219,33 @@ def test_skip_predicate_keeps_audio_from_the_model(model):
 
 
 def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeypatch):
-    """Without batch_size, each batch takes as many segments (longest first) as the KV memory share holds."""
-    batches = []
-    real = scheduler.greedy_generate_batch
+    """Without batch_size, the batch holds as many rows (longest first) as the KV memory share allows."""
+    from scripted import spy_batches
 
-    prefix_lengths = set()
-
-    def spy(net, prompts, features, budgets, *args, **kwargs):
-        width, budget = max(len(p) for p in prompts), max(budgets)
-        batches.append((len(prompts), width + budget))
-        prefix_lengths.add(len(kwargs["prefix"].ids))  # held once, shared by every row
-        return real(net, prompts, features, budgets, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
     per_position = scheduler.kv_bytes_per_position(model)
 
-    def run(memory: int) -> list[tuple[int, int]]:
-        batches.clear()
+    def run(memory: int):
+        record = spy_batches(monkeypatch)
         monkeypatch.setattr(scheduler, "available_memory", lambda: memory)
         mlx_qwen3asr.transcribe(model, inputs_for_test())
-        return list(batches)
+        return record
 
     everything = run(1 << 50)
-    assert [n for n, _ in everything] == [6]  # 3 + 1 + 1 + 1 segments, all in one batch
-    longest = everything[0][1]  # positions a row of the batch holds: set by the longest segment
-    (prefix,) = prefix_lengths
-    # A share of exactly the prefix and two such rows: the two longest segments go together, never more.
+    assert [len(a["prompts"]) for a in everything.adds] == [6]  # 3 + 1 + 1 + 1 segments, all at once
+    first = everything.adds[0]
+    longest = max(len(p) for p in first["prompts"]) + max(first["budgets"])  # positions a row holds at most
+    prefix = len(first["prefix"].ids)  # held once, shared by every row
+    # A share of exactly the prefix and two such rows: never more than two rows at a time.
     share = (prefix + 2 * longest) * per_position
     two = run(int(share / scheduler.MEMORY_FRACTION))
-    assert two[0] == (2, longest)
-    assert sum(n for n, _ in two) == 6
-    assert all((prefix + n * positions) * per_position <= share for n, positions in two)
-    assert [n for n, _ in run(0)] == [1] * 6  # no room: one row at a time, still done
+    assert len(two.adds[0]["prompts"]) == 2 and sum(len(a["prompts"]) for a in two.adds) == 6
+    # Whenever rows join, the cache the batch holds fits the share (shorter segments fit more rows).
+    assert all((prefix + kv) * per_position <= share for kv in two.kv_positions)
+    assert max(two.sizes) < 6
+    assert max(run(0).sizes) == 1  # no room: one row at a time, still done
     monkeypatch.setattr(scheduler, "MAX_BATCH", 4)
-    assert [n for n, _ in run(1 << 50)] == [4, 2]  # plenty of room: MAX_BATCH rows at most
+    assert max(run(1 << 50).sizes) == 4  # plenty of room: MAX_BATCH rows at most
 
 
 def test_stacked_caches_right_align_rows_and_leave_room():

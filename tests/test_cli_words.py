@@ -14,10 +14,9 @@ import srt
 import webvtt
 from mlx_qwen3asr.cli.main import main
 from reference import test_signal
+from scripted import script_batches
 from test_word_cues import check_word_cues
 
-from mlx_qwen3asr import scheduler
-from mlx_qwen3asr.generate import Generation
 from mlx_qwen3asr.result import Segment, Word
 from mlx_qwen3asr.subtitles import CueOptions, build_cues
 
@@ -34,12 +33,9 @@ def scripted(checkpoints, monkeypatch):
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
     queue = list(SAID)
-
-    def decode(net, prompts, features, budgets, eos_ids, **kwargs):
-        texts = [queue.pop(0) if queue else "" for _ in prompts]
-        return [Generation(tok.encode(f"language English<asr_text>{t}"), False, False) for t in texts]
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", decode)
+    script_batches(
+        monkeypatch, lambda prompt: tok.encode(f"language English<asr_text>{queue.pop(0) if queue else ''}")
+    )
     return queue
 
 
@@ -131,10 +127,7 @@ def test_an_unsupported_language_keeps_estimated_timing_and_says_so(
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
 
-    def decode(net, prompts, features, budgets, eos_ids, **kwargs):
-        return [Generation(tok.encode("language Thai<asr_text>สวัสดีครับ ยินดีที่ได้รู้จัก"), False, False)]
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", decode)
+    script_batches(monkeypatch, lambda prompt: tok.encode("language Thai<asr_text>สวัสดีครับ ยินดีที่ได้รู้จัก"))
     talk = write_talk(tmp_path, 5.0)
     assert main([str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     err = capsys.readouterr().err

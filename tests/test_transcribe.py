@@ -42,17 +42,13 @@ def test_a_file_path_and_a_list_of_inputs(model, tmp_path):
 
 
 def test_forced_language_by_code_is_reported_and_placed_in_the_prompt(model, monkeypatch):
-    prompts = []
-    real = scheduler.greedy_generate_batch
+    from scripted import spy_batches
 
-    def spy(net, prompt_batch, *args, **kwargs):
-        prompts.extend(prompt_batch)
-        return real(net, prompt_batch, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "greedy_generate_batch", spy)
+    record = spy_batches(monkeypatch)
     result = mlx_qwen3asr.transcribe(model, test_signal(2.0), language="en")
     assert result.language == "English"
     assert all(s.language == "English" for s in result.segments)
+    prompts = [p for add in record.adds for p in add["prompts"]]
     tail = model.tokenizer.decode(prompts[0][-4:], skip_special_tokens=False)
     assert tail.endswith("language English<asr_text>")
 
