@@ -1,0 +1,197 @@
+"""One scheduler serving many callers at once (the server's requests): jobs share decoding steps.
+
+The Engine runs the continuous-batching Scheduler on a thread of its own. `submit` queues an input
+and returns a Job at once; the input's segments join the running batch as places free up, next to
+those of every other job, so concurrent requests cost little more than one. A Job gives its
+segments as they are decoded (for streaming), its result when done, and can be cancelled (a client
+that went away), which frees its rows and waiting segments.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterator
+
+from .batch import estimate_duration
+from .loading import ASRModel
+from .prompt import prompt_prefix_ids, resolve_language
+from .result import Segment, Transcription
+from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions, InputResult, Scheduler
+
+
+class JobCancelled(Exception):
+    """The job was cancelled before it finished."""
+
+
+class Job:
+    """A submitted input: its segments as they come, and its transcription when it is done."""
+
+    def __init__(self, engine: Engine, key: int, seconds: float):
+        self.engine, self.key, self.seconds = engine, key, seconds
+        self._done = threading.Event()
+        self._segments: queue.Queue[Segment | None] = queue.Queue()
+        self._result: InputResult | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Transcription:
+        """The transcription; raises the input's error, JobCancelled, or TimeoutError."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.key} not done after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result.transcription
+
+    @property
+    def input_result(self) -> InputResult | None:
+        return self._result
+
+    def segments(self, timeout: float | None = None) -> Iterator[Segment]:
+        """The segments in time order as they are decoded; ends when the job does."""
+        while True:
+            try:
+                seg = self._segments.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no segment of job {self.key} within {timeout} s") from None
+            if seg is None:
+                return
+            yield seg
+
+    def cancel(self) -> None:
+        """Stop working on this job (its rows leave the batch); result() then raises JobCancelled."""
+        self.engine._cancel(self)
+
+    def _finish(self, result: InputResult | None = None, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self._result = result
+        self._error = error if error is not None else (result.error if result is not None else None)
+        self._done.set()
+        self._segments.put(None)
+
+
+class Engine:
+    """The Scheduler on a background thread, fed by `submit` from any thread."""
+
+    def __init__(
+        self,
+        model: ASRModel,
+        *,
+        aligner: ASRModel | None = None,
+        max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
+        batch_size: int | None = None,
+    ) -> None:
+        self.model, self.aligner = model, aligner
+        self._scheduler = Scheduler(
+            model,
+            aligner=aligner,
+            max_segment_seconds=max_segment_seconds,
+            batch_size=batch_size,
+            on_segment=self._on_segment,
+        )
+        self._lock = threading.Condition()
+        self._inbox: list[tuple[str, object]] = []
+        self._jobs: dict[int, Job] = {}
+        self._keys = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="mlxasr-engine", daemon=True)
+        self._thread.start()
+
+    # -- callers' side ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        audio: AudioInput,
+        *,
+        language: str | None = None,
+        context: str = "",
+        word_timestamps: bool = False,
+        seconds: float | None = None,
+    ) -> Job:
+        """Queue an input; raises ValueError for a bad language, an over-long context, or word timing
+        without an aligner. seconds: its length, when known (for queued_seconds)."""
+        if word_timestamps and self.aligner is None:
+            raise ValueError("word timestamps need an aligner (start the engine with one)")
+        options = InputOptions(resolve_language(language), context, word_timestamps)
+        prompt_prefix_ids(self.model.tokenizer, context)  # an over-long context is refused here, at once
+        if seconds is None:
+            seconds = estimate_duration(audio) if isinstance(audio, str) else 0.0
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            job = Job(self, next(self._keys), seconds)
+            self._jobs[job.key] = job
+            self._inbox.append(("submit", (job.key, audio, options)))
+            self._lock.notify()
+        return job
+
+    def queued_seconds(self) -> float:
+        """Seconds of audio submitted and not finished yet."""
+        with self._lock:
+            return sum(j.seconds for j in self._jobs.values())
+
+    def _cancel(self, job: Job) -> None:
+        with self._lock:
+            if self._jobs.pop(job.key, None) is None:
+                return
+            self._inbox.append(("cancel", job.key))
+            self._lock.notify()
+        job._finish(error=JobCancelled(f"job {job.key} was cancelled"))
+
+    def close(self) -> None:
+        """Stop the engine; jobs not done are cancelled."""
+        with self._lock:
+            self._closed = True
+            jobs = list(self._jobs.values())
+            self._lock.notify()
+        for job in jobs:
+            job.cancel()
+        self._thread.join(timeout=30)
+        self._scheduler.close()
+
+    # -- the engine's thread ---------------------------------------------------------------------
+
+    def _on_segment(self, key, seg: Segment) -> None:
+        job = self._jobs.get(key)
+        if job is not None:
+            job._segments.put(seg)
+
+    def _run(self) -> None:
+        scheduler = self._scheduler
+        while True:
+            with self._lock:
+                while not self._inbox and scheduler.idle and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                inbox, self._inbox = self._inbox, []
+            for kind, item in inbox:
+                if kind == "submit":
+                    key, audio, options = item
+                    scheduler.submit(key, audio, options)
+                else:
+                    scheduler.cancel(item)
+            if scheduler.idle:
+                continue
+            try:
+                results = scheduler.run_once()
+            except Exception as e:  # a fault of the engine itself: every job in it fails alike
+                with self._lock:
+                    jobs, self._jobs = list(self._jobs.values()), {}
+                for job in jobs:
+                    scheduler.cancel(job.key)
+                    job._finish(error=e)
+                continue
+            for res in results:
+                with self._lock:
+                    job = self._jobs.pop(res.index, None)
+                if job is not None:
+                    job._finish(res)
+
+
+__all__ = ["Engine", "Job", "JobCancelled"]
