@@ -945,11 +945,19 @@ def _finish_one(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run mlxasr with the given arguments (default: sys.argv[1:]); returns the exit status."""
+    """Run mlxasr with the given arguments (default: sys.argv[1:]); returns the exit status.
+
+    `mlxasr serve ...` starts the transcription server instead (mlx_qwen3asr.cli.serve).
+    """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["serve"] and not os.path.exists("serve"):
+        from mlx_qwen3asr.cli.serve import main as serve
+
+        return serve(args_list[1:])
     parser = build_parser()
     with _signal_handlers():
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_args(args_list)
             return _run(parser, args, sys.stdout, sys.stderr)
         except SystemExit as e:  # argparse's usage errors, --help and --version
             return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
