@@ -273,8 +273,12 @@ class Scheduler:
         max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
         batch_size: int | None = None,
         on_segment: Callable[[Hashable, Segment], None] | None = None,
+        continuous: bool = True,
     ) -> None:
+        """continuous=False keeps a batch closed until its last row finishes (batch after batch), for
+        comparison."""
         require_kind(model, "asr")
+        self.continuous = continuous
         if aligner is not None:
             require_kind(aligner, "aligner")
         self.model, self.aligner, self.on_segment = model, aligner, on_segment
@@ -436,6 +440,8 @@ class Scheduler:
     def _refill(self) -> None:
         """Start a batch, or let waiting segments of its context take the places finished rows left."""
         if not self.pool:
+            return
+        if self.rows and not self.continuous:
             return
         if not self.rows:
             self.batch = None

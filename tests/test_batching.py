@@ -324,3 +324,37 @@ def test_dropped_rows_leave_the_others_untouched(model, rows):
         results.update(batch.step())
     assert "a" not in results and "b" not in results
     assert results["c"].tokens == solo.tokens
+
+
+def test_continuous_batching_gives_the_texts_of_batch_after_batch(model, monkeypatch):
+    """Segments that stop at very different steps (as real speech does): rows that finish are replaced
+    at once, and every segment's text is the one it gets when batches are closed until they drain."""
+    from scripted import spy_batches
+
+    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    rng = np.random.default_rng(4)
+    rates = {}
+
+    def budget(seconds):  # 0.5 to 6 tokens per second of audio, fixed per segment
+        return max(1, round(rates.setdefault(round(seconds, 3), rng.uniform(0.5, 6.0)) * seconds))
+
+    monkeypatch.setattr(scheduler, "token_budget", budget)
+    wavs = [test_signal(s, seed=i) for i, s in enumerate([9.0, 2.0, 14.0, 4.0, 6.5, 11.0, 3.0, 8.0])]
+
+    def run(continuous):
+        record = spy_batches(monkeypatch)
+        sched = scheduler.Scheduler(model, batch_size=3, continuous=continuous)
+        for i, w in enumerate(wavs):
+            sched.submit(i, w, scheduler.InputOptions())
+        results = []
+        while not sched.idle:
+            results += sched.run_once()
+        sched.close()
+        return {r.index: [s.text for s in r.transcription.segments] for r in results}, record
+
+    joined, continuous = run(True)
+    closed, batched = run(False)
+    assert joined == closed and len(joined) == len(wavs)
+    assert any(a["running"] > 0 for a in continuous.adds)  # rows joined while others ran
+    assert all(a["running"] == 0 for a in batched.adds)
+    assert len(continuous.sizes) < len(batched.sizes)  # fewer steps: places did not sit empty

@@ -97,7 +97,8 @@ class Run:
     segments: int
     tokens: int
     peak_memory_bytes: int
-    batches: list[int] = field(default_factory=list)  # rows of each decoded batch
+    batches: list[int] = field(default_factory=list)  # rows of each join to the running batch
+    texts: list[list[str]] = field(default_factory=list)  # each file's segment texts
 
 
 @dataclass
@@ -113,14 +114,22 @@ class Stages:
         self.times[stage] = self.times.get(stage, 0.0) + seconds
 
 
+SPREAD_SEED = 20261122
+
+
 @dataclass(frozen=True)
 class Budget:
     """New tokens per segment: a fixed count, or a rate per second of the segment's audio."""
 
     new_tokens: int | None = None
     per_second: float | None = None
+    # Realistic stops: each segment's rate drawn (seeded, from the segment's length) in [low, high].
+    spread: tuple[float, float] | None = None
 
     def tokens(self, seconds: float) -> int:
+        if self.spread is not None:
+            rng = np.random.default_rng([SPREAD_SEED, int(round(seconds * 1000))])
+            return max(1, round(rng.uniform(*self.spread) * seconds))
         if self.per_second is None:
             return int(self.new_tokens)
         return max(1, round(self.per_second * seconds))
@@ -131,6 +140,8 @@ class Budget:
         return ["--tokens-per-second", f"{self.per_second:g}"]
 
     def describe(self) -> str:
+        if self.spread is not None:
+            return f"realistic stops: each segment {self.spread[0]:g} to {self.spread[1]:g} tokens per second (seeded)"
         if self.per_second is None:
             return f"{self.new_tokens} new tokens per segment"
         return f"{self.per_second:g} new tokens per second of audio"
@@ -226,14 +237,30 @@ def instrument(stages: Stages, budget: Budget):
     return restore
 
 
-def run_ours(model, paths: list[Path], budget: Budget, batch_size: int | None) -> Run:
+def transcribe_all(model, paths: list[Path], batch_size: int | None, continuous: bool = True) -> list:
+    """Every file through one Scheduler; continuous=False closes each batch until its last row ends."""
+    sched = scheduler.Scheduler(model, batch_size=batch_size, continuous=continuous)
+    try:
+        for i, path in enumerate(paths):
+            sched.submit(i, str(path), scheduler.InputOptions())
+        results = []
+        while not sched.idle:
+            results += sched.run_once()
+    finally:
+        sched.close()
+    return sorted(results, key=lambda r: r.index)
+
+
+def run_ours(
+    model, paths: list[Path], budget: Budget, batch_size: int | None, continuous: bool = True
+) -> Run:
     stages = Stages()
     restore = instrument(stages, budget)
     mx.clear_cache()
     mx.reset_peak_memory()
     try:
         start = time.perf_counter()
-        results = list(scheduler.transcribe_stream(model, [str(p) for p in paths], batch_size=batch_size))
+        results = transcribe_all(model, paths, batch_size, continuous)
         wall = time.perf_counter() - start
     finally:
         restore()
@@ -245,7 +272,8 @@ def run_ours(model, paths: list[Path], budget: Budget, batch_size: int | None) -
     times["mel + cutting"] = (
         times.pop("preparing", 0.0) - times.get("audio decode", 0.0) + times.pop("mel", 0.0)
     )
-    return Run(wall, times, stages.segments, stages.tokens, int(mx.get_peak_memory()), stages.batches)
+    texts = [[s.text for s in r.transcription.segments] for r in results]
+    return Run(wall, times, stages.segments, stages.tokens, int(mx.get_peak_memory()), stages.batches, texts)
 
 
 def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: float = 5.0) -> dict[int, float]:
@@ -559,6 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     budget_args = ap.add_mutually_exclusive_group()
     budget_args.add_argument("--new-tokens", type=int, help="tokens decoded per segment")
     budget_args.add_argument(
+        "--realistic-stops",
+        action="store_true",
+        help="each segment decodes a budget drawn (seeded) from 0.5 to 6 tokens per second of its audio",
+    )
+    budget_args.add_argument(
         "--tokens-per-second", type=float, help="tokens decoded per second of each segment (default 4)"
     )
     ap.add_argument("--runs", type=int, default=3)
@@ -588,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
         help="take the peers' figures from earlier --json reports (same checkpoint, audio and budget) "
         "instead of running them again",
     )
+    ap.add_argument(
+        "--compare-batching",
+        action="store_true",
+        help="also run each mode with every batch closed until its last row ends (no rows joining)",
+    )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
 
@@ -609,7 +647,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"building {model_path}", file=sys.stderr)
             write_checkpoint(model_path, "0.6b", seed=0)
     modes = list(MODES) if args.mode == "all" else [args.mode]
-    if args.new_tokens is not None:
+    if args.realistic_stops:
+        budget = Budget(spread=(0.5, 6.0))
+    elif args.new_tokens is not None:
         budget = Budget(new_tokens=args.new_tokens)
     else:
         budget = Budget(per_second=args.tokens_per_second or 4.0)
@@ -644,6 +684,16 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_ours(model, paths, budget, args.batch_size))
                 print(f"{mode} run {i + 1}: {runs[-1].wall_s:.2f} s", file=sys.stderr)
             report["modes"].append(summarize(mode, seconds, runs, load_s))
+            if args.compare_batching:
+                closed = []
+                for i in range(args.runs):
+                    closed.append(run_ours(model, paths, budget, args.batch_size, continuous=False))
+                    print(
+                        f"{mode} batch after batch, run {i + 1}: {closed[-1].wall_s:.2f} s", file=sys.stderr
+                    )
+                summary = summarize(f"{mode} (batch after batch)", seconds, closed, load_s)
+                summary["same_texts_as_continuous"] = closed[0].texts == runs[0].texts
+                report["modes"].append(summary)
             earlier = [
                 p
                 for f in args.peer_results
