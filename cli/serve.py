@@ -1,0 +1,278 @@
+"""`mlxasr serve`: an OpenAI-compatible transcription server (mlx_qwen3asr.server) run with uvicorn.
+
+mlxasr serve --model Qwen/Qwen3-ASR-0.6B --port 8000
+curl -F file=@talk.wav -F model=qwen3-asr http://127.0.0.1:8000/v1/audio/transcriptions
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlx_qwen3asr.cli.main import (
+    ALIGNER_ENV,
+    BATCH_SIZE_RANGE,
+    DEFAULT_ALIGNER,
+    DEFAULT_MODEL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    MODEL_ENV,
+    _int_in,
+    _model_error,
+)
+
+from mlx_qwen3asr.loading import DTYPES
+
+PROG = "mlxasr serve"
+API_KEY_ENV = "MLXASR_API_KEY"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_UPLOAD_MB = 25.0
+DEFAULT_MAX_QUEUE_SECONDS = 3600.0
+UPLOAD_MB_RANGE = (0.001, 1_000_000.0)
+QUEUE_SECONDS_RANGE = (0.0, 10_000_000.0)
+
+DESCRIPTION = """\
+Serve transcription over HTTP with the API of OpenAI's /v1/audio/transcriptions, so that OpenAI
+clients work against it unchanged. The model (and the forced aligner, for word timestamps) is loaded
+once; concurrent requests share its decoding batch. Listens on 127.0.0.1 unless --host says otherwise."""
+
+EPILOG = f"""\
+endpoints:
+  POST /v1/audio/transcriptions   form fields: file, model (any value), language, prompt,
+                                  response_format (json, text, srt, vtt, verbose_json),
+                                  timestamp_granularities[] (segment, word), temperature
+                                  (accepted, ignored: decoding is greedy), stream (server-sent events)
+  GET  /v1/models                 the loaded model
+  GET  /health                    status and the audio waiting
+
+example:
+  mlxasr serve --port 8000 --api-key secret
+  curl -H "Authorization: Bearer secret" -F file=@talk.wav -F model=qwen3-asr \\
+       -F response_format=srt http://127.0.0.1:8000/v1/audio/transcriptions
+
+exit status:
+  {EXIT_OK}    the server was stopped
+  {EXIT_USAGE}    usage error, the address cannot be listened on, the model (or a named aligner) could
+       not be loaded
+  {EXIT_INTERRUPTED}  stopped with Ctrl-C ({EXIT_TERMINATED} for SIGTERM); requests in flight are cancelled"""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised so that the same cleanup as for Ctrl-C runs."""
+
+
+def _number_in(limits: tuple[float, float], unit: str):
+    low, high = limits
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if not (math.isfinite(x) and low <= x <= high):
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} {unit}, got {value}")
+        return x
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST})")
+    p.add_argument(
+        "--port",
+        type=_int_in((0, 65535)),
+        default=DEFAULT_PORT,
+        help=f"port (default: {DEFAULT_PORT}; 0: any free one)",
+    )
+    p.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
+        metavar="M",
+        help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--aligner",
+        default=None,
+        metavar="A",
+        help=f"forced aligner for word timestamps (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER}); a named one "
+        "must load, without the default one word timestamps are refused",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_ENV}; none: open)",
+    )
+    p.add_argument(
+        "--max-upload-mb",
+        type=_number_in(UPLOAD_MB_RANGE, "MB"),
+        default=DEFAULT_MAX_UPLOAD_MB,
+        metavar="N",
+        help=f"largest request body in MB (MiB), refused with 413 (default: {DEFAULT_MAX_UPLOAD_MB:g})",
+    )
+    p.add_argument(
+        "--max-queue-seconds",
+        type=_number_in(QUEUE_SECONDS_RANGE, "seconds"),
+        default=DEFAULT_MAX_QUEUE_SECONDS,
+        metavar="S",
+        help="refuse new requests (503 with Retry-After) while more than S seconds of audio are being "
+        f"transcribed or waiting (default: {DEFAULT_MAX_QUEUE_SECONDS:g})",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_int_in(BATCH_SIZE_RANGE),
+        default=None,
+        metavar="N",
+        help=f"segments decoded together, from all requests ({BATCH_SIZE_RANGE[0]} to {BATCH_SIZE_RANGE[1]}; "
+        "default: as many as a quarter of the free memory holds)",
+    )
+    return p
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound before the model loads so that a taken port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+def _model_id(source: str) -> str:
+    """The name the API gives the model: a repo id as it is, a local folder by its name only."""
+    path = Path(source).expanduser()
+    return path.resolve().name if path.exists() else source
+
+
+def _error(line: str) -> None:
+    print(f"error: {' '.join(line.split())}", file=sys.stderr)
+
+
+def _warning(line: str) -> None:
+    print(f"warning: {' '.join(line.split())}", file=sys.stderr)
+
+
+def _load_models(args: argparse.Namespace):
+    """(model, aligner or None, why word timestamps are unavailable) or an exit status."""
+    from mlx_qwen3asr.loading import load, require_kind
+
+    print(f"loading model {args.model}", file=sys.stderr)
+    try:
+        model = load(args.model, dtype=args.dtype)
+        require_kind(model, "asr")
+    except Exception as e:
+        _error(_model_error(args.model, e))
+        return EXIT_USAGE
+    source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
+    named = bool(args.aligner or os.environ.get(ALIGNER_ENV))
+    print(f"loading aligner {source}", file=sys.stderr)
+    try:
+        aligner = load(source, dtype=args.dtype)
+        require_kind(aligner, "aligner")
+    except Exception as e:
+        reason = _model_error(source, e).removeprefix(f"model {source}: ")
+        if named:
+            _error(f"aligner {source}: {reason}")
+            return EXIT_USAGE
+        _warning(
+            f"aligner {source}: {reason}; word timestamps are refused (name one with --aligner or ${ALIGNER_ENV})"
+        )
+        return model, None, f"the forced aligner {_model_id(source)} could not be loaded"
+    return model, aligner, None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as e:
+        _error(f"cannot listen on {args.host}:{args.port} ({(e.strerror or str(e)).lower()})")
+        return EXIT_USAGE
+    engine = None
+    try:
+        loaded = _load_models(args)
+        if isinstance(loaded, int):
+            return loaded
+        model, aligner, words_unavailable = loaded
+
+        import uvicorn
+
+        from mlx_qwen3asr.engine import Engine
+        from mlx_qwen3asr.server import create_app
+
+        engine = Engine(model, aligner=aligner, batch_size=args.batch_size)
+        api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+        app = create_app(
+            engine,
+            model_id=_model_id(args.model),
+            api_key=api_key,
+            max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
+            max_queue_seconds=args.max_queue_seconds,
+            words_unavailable=words_unavailable,
+        )
+        host, port = sock.getsockname()[:2]
+        if api_key is None and host not in ("127.0.0.1", "::1", "localhost"):
+            _warning(
+                f"listening on {host} without an API key: anyone who can reach it can use it (--api-key)"
+            )
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"listening on http://{shown}:{port} (model {_model_id(args.model)})", file=sys.stderr, flush=True
+        )
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
+        return EXIT_OK
+    finally:
+        sock.close()
+        if engine is not None:
+            engine.close()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `mlxasr serve` with the given arguments (default: sys.argv[1:]); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # usage errors and --help
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return _serve(args)
+    except KeyboardInterrupt:
+        print("mlxasr serve: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        print("mlxasr serve: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
