@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import unicodedata
+import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
@@ -55,7 +56,9 @@ KOREAN_DICT_NAME = "korean_dict_jieba.dict"
 KOREAN_DICT_MEMBER = f"{OFFICIAL_PACKAGE}/inference/assets/{KOREAN_DICT_NAME}"
 # sha256 of qwen_asr/inference/assets/korean_dict_jieba.dict in qwen-asr 0.0.6 (275,834 bytes).
 KOREAN_DICT_SHA256 = "cc157a9ab78f92bf11ed98a69b285768d6627cf5cd57a581e6c06693effce37d"
-PYPI_JSON_URL = f"https://pypi.org/pypi/qwen-asr/{OFFICIAL_VERSION}/json"
+# PyPI's simple index in its JSON form (PEP 691): served by pypi.org and by the mirrors that pip uses.
+PYPI_INDEX_URL = "https://pypi.org/simple/qwen-asr/"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 CACHE_SUBDIR = "mlx-qwen3asr"
 # Seconds to wait for a connection and for each read of an answer; the whole fetch of one file must
 # also end within DOWNLOAD_DEADLINE seconds, and no answer may exceed DOWNLOAD_MAX_BYTES.
@@ -107,8 +110,11 @@ def cached_korean_dictionary() -> Path:
     return cache_dir() / KOREAN_DICT_NAME
 
 
-def _read_limited(url: str, limit: int, deadline: float) -> bytes:
-    request = urllib.request.Request(url, headers={"User-Agent": "mlx-qwen3asr"})
+def _read_limited(url: str, limit: int, deadline: float, accept: str | None = None) -> bytes:
+    headers = {"User-Agent": "mlx-qwen3asr"}
+    if accept:
+        headers["Accept"] = accept
+    request = urllib.request.Request(url, headers=headers)
     chunks: list[bytes] = []
     total = 0
     with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT) as response:
@@ -125,25 +131,26 @@ def _read_limited(url: str, limit: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def _wheel_url(index: dict) -> tuple[str, str | None]:
-    """The URL of the official wheel in a PyPI JSON answer, and its published sha256 if any."""
-    entries = index.get("urls") if isinstance(index, dict) else None
+def _wheel_url(index: dict, base: str) -> tuple[str, str | None]:
+    """The URL of the official wheel in a simple-index answer (PEP 691), and its published sha256."""
+    entries = index.get("files") if isinstance(index, dict) else None
     if not isinstance(entries, list):
-        raise ValueError("the PyPI answer lists no files")
+        raise ValueError("the package index lists no files")
+    prefix = f"qwen_asr-{OFFICIAL_VERSION}-"  # the distribution's wheel names
     wheels = [
         entry
         for entry in entries
         if isinstance(entry, dict)
-        and entry.get("packagetype") == "bdist_wheel"
+        and str(entry.get("filename", "")).startswith(prefix)
         and str(entry.get("filename", "")).endswith(".whl")
         and isinstance(entry.get("url"), str)
     ]
     if not wheels:
-        raise ValueError(f"the PyPI answer for qwen-asr {OFFICIAL_VERSION} lists no wheel")
+        raise ValueError(f"the package index lists no wheel of qwen-asr {OFFICIAL_VERSION}")
     wheels.sort(key=lambda entry: "py3-none-any" not in entry["filename"])
-    digests = wheels[0].get("digests")
-    digest = digests.get("sha256") if isinstance(digests, dict) else None
-    return wheels[0]["url"], digest if isinstance(digest, str) else None
+    hashes = wheels[0].get("hashes")
+    digest = hashes.get("sha256") if isinstance(hashes, dict) else None
+    return urllib.parse.urljoin(base, wheels[0]["url"]), digest if isinstance(digest, str) else None
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -168,7 +175,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 def download_korean_dictionary(destination: Path | None = None) -> Path:
     """Fetch the dictionary from the official wheel on PyPI into `destination` (default: our cache).
 
-    Reads PYPI_JSON_URL for the wheel's URL, downloads the wheel (checked against its published
+    Reads PYPI_INDEX_URL (the simple index, JSON form) for the wheel's URL, downloads the wheel (checked against its published
     sha256 when the answer gives one), extracts only KOREAN_DICT_MEMBER, checks it against
     KOREAN_DICT_SHA256 and writes it atomically. Raises OSError (network, timeouts, disk),
     ValueError (malformed answers, a wrong checksum) or zipfile.BadZipFile; nothing is written then.
@@ -176,10 +183,11 @@ def download_korean_dictionary(destination: Path | None = None) -> Path:
     destination = destination or cached_korean_dictionary()
     deadline = time.monotonic() + DOWNLOAD_DEADLINE
     try:
-        index = json.loads(_read_limited(PYPI_JSON_URL, 1 << 20, deadline).decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{PYPI_JSON_URL}: not a JSON answer") from error
-    url, wheel_digest = _wheel_url(index)
+        answer = _read_limited(PYPI_INDEX_URL, 1 << 22, deadline, accept=SIMPLE_JSON)
+        index = json.loads(answer.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{PYPI_INDEX_URL}: not a JSON answer") from error
+    url, wheel_digest = _wheel_url(index, PYPI_INDEX_URL)
     wheel = _read_limited(url, DOWNLOAD_MAX_BYTES, deadline)
     if wheel_digest is not None and _sha256(wheel) != wheel_digest.lower():
         raise ValueError(f"{url}: the wheel does not match the sha256 PyPI publishes for it")

@@ -427,7 +427,8 @@ class FakePyPI:
                 fake.requests.append(self.path)
                 if fake.delay:
                     time.sleep(fake.delay)
-                if self.path == "/pypi/qwen-asr/0.0.6/json":
+                if self.path == "/simple/qwen-asr/":
+                    assert self.headers.get("Accept") == "application/vnd.pypi.simple.v1+json"
                     body = json.dumps(fake.index()).encode()
                 elif self.path == "/files/qwen_asr-0.0.6-py3-none-any.whl":
                     body = fake.wheel
@@ -450,20 +451,19 @@ class FakePyPI:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def index(self) -> dict:
+        """PyPI's simple index for qwen-asr, JSON form (PEP 691): a relative URL, as mirrors give."""
         return {
-            "urls": [
+            "meta": {"api-version": "1.1"},
+            "name": "qwen-asr",
+            "files": [
+                {"filename": "qwen_asr-0.0.5-py3-none-any.whl", "url": "../../files/none", "hashes": {}},
+                {"filename": "qwen_asr-0.0.6.tar.gz", "url": f"{self.base}/files/none", "hashes": {}},
                 {
-                    "packagetype": "sdist",
-                    "filename": "qwen_asr-0.0.6.tar.gz",
-                    "url": f"{self.base}/files/none",
-                },
-                {
-                    "packagetype": "bdist_wheel",
                     "filename": "qwen_asr-0.0.6-py3-none-any.whl",
-                    "url": f"{self.base}/files/qwen_asr-0.0.6-py3-none-any.whl",
-                    "digests": {"sha256": self.digest},
+                    "url": "../../files/qwen_asr-0.0.6-py3-none-any.whl",
+                    "hashes": {"sha256": self.digest},
                 },
-            ]
+            ],
         }
 
     def __enter__(self) -> FakePyPI:
@@ -488,10 +488,10 @@ def test_dictionary_downloaded_from_the_official_wheel(no_installed_package, mon
     cached = no_installed_package
     dictionary = official_dictionary_bytes()
     with FakePyPI(build_wheel(dictionary)) as pypi:
-        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
         assert words.korean_dictionary_path() == cached
         assert cached.read_bytes() == dictionary
-        assert pypi.requests == ["/pypi/qwen-asr/0.0.6/json", "/files/qwen_asr-0.0.6-py3-none-any.whl"]
+        assert pypi.requests == ["/simple/qwen-asr/", "/files/qwen_asr-0.0.6-py3-none-any.whl"]
         assert sorted(p.name for p in cached.parent.iterdir()) == ["korean_dict_jieba.dict"]
         assert words.korean_dictionary_path() == cached  # now from the cache
         assert len(pypi.requests) == 2
@@ -508,7 +508,7 @@ def test_dictionary_downloaded_from_the_official_wheel(no_installed_package, mon
 def test_downloaded_dictionary_with_a_wrong_checksum_is_refused(no_installed_package, monkeypatch):
     cached = no_installed_package
     with FakePyPI(build_wheel(official_dictionary_bytes() + b"extra 1 NNG\n")) as pypi:
-        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
         with pytest.raises(
             words.KoreanDictionaryError, match=f"expected {words.KOREAN_DICT_SHA256}; refused"
         ):
@@ -519,7 +519,7 @@ def test_downloaded_dictionary_with_a_wrong_checksum_is_refused(no_installed_pac
 
 def test_wheel_that_does_not_match_its_published_digest_is_refused(no_installed_package, monkeypatch):
     with FakePyPI(build_wheel(official_dictionary_bytes()), published_digest="0" * 64) as pypi:
-        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
         with pytest.raises(words.KoreanDictionaryError, match="does not match the sha256 PyPI publishes"):
             words.korean_dictionary_path()
     assert not no_installed_package.exists()
@@ -528,7 +528,7 @@ def test_wheel_that_does_not_match_its_published_digest_is_refused(no_installed_
 def test_download_gives_up_on_a_server_that_does_not_answer(no_installed_package, monkeypatch):
     monkeypatch.setattr(words, "DOWNLOAD_TIMEOUT", 0.3)
     with FakePyPI(build_wheel(official_dictionary_bytes()), delay=1.5) as pypi:
-        monkeypatch.setattr(words, "PYPI_JSON_URL", f"{pypi.base}/pypi/qwen-asr/0.0.6/json")
+        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
         began = time.monotonic()
         with pytest.raises(words.KoreanDictionaryError, match="timed out"):
             words.korean_dictionary_path()
@@ -540,7 +540,7 @@ def test_korean_falls_back_when_no_dictionary_can_be_had(no_installed_package, m
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setattr(words, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi/qwen-asr/0.0.6/json")
+    monkeypatch.setattr(words, "PYPI_INDEX_URL", f"http://127.0.0.1:{port}/simple/qwen-asr/")
     assert not words.official_split_available("Korean")
     reason = words.split_fallback_reason("Korean")
     assert "split at whitespace" in reason
