@@ -107,12 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M",
         help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
     )
-    p.add_argument(
+    words = p.add_mutually_exclusive_group()
+    words.add_argument(
         "--aligner",
         default=None,
         metavar="A",
         help=f"forced aligner for word timestamps (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER}); a named one "
         "must load, without the default one word timestamps are refused",
+    )
+    words.add_argument(
+        "--no-aligner", action="store_true", help="load no forced aligner: word timestamps are refused"
     )
     p.add_argument(
         "--api-key",
@@ -183,6 +187,8 @@ def _load_models(args: argparse.Namespace):
     except Exception as e:
         _error(_model_error(args.model, e))
         return EXIT_USAGE
+    if args.no_aligner:
+        return model, None, "it was started with --no-aligner"
     source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
     named = bool(args.aligner or os.environ.get(ALIGNER_ENV))
     print(f"loading aligner {source}", file=sys.stderr)
