@@ -314,6 +314,11 @@ def test_bad_requests_are_400_with_an_openai_error_body(server, tmp_path):
     err = error_of(klingon)
     assert err["param"] == "language" and "Klingon" in err["message"] and "English (en)" in err["message"]
 
+    streamed = server.post(
+        files={"file": ("notes.txt", b"not audio\n" * 50)}, data={"model": "m", "stream": "true"}
+    )
+    assert streamed.status_code == 400 and error_of(streamed)["code"] == "invalid_audio"  # before any event
+
     fmt = server.post(
         files={"file": ("a.wav", audio)}, data={"model": "m", "response_format": "diarized_json"}
     )
@@ -556,6 +561,16 @@ def test_a_client_that_leaves_has_its_job_cancelled(server, model, monkeypatch, 
 
     with open(wav_file(tmp_path, 2.0, seed=6), "rb") as f:  # the engine goes on serving
         assert server.client().audio.transcriptions.create(model="m", file=f).text == "hello there"
+
+
+def test_a_client_that_leaves_during_the_upload_leaves_no_file(server, tmp_path):
+    payload, ctype = multipart({"model": "m"}, b"\1" * (LIMIT - 100_000))
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(request_head(server, f"Content-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n"))
+        sock.sendall(payload[: len(payload) * 3 // 4])
+        wait_until(lambda: server.uploads() != [])  # written as it arrives
+    wait_until(lambda: server.uploads() == [])
+    assert server.engine.queued_seconds() == 0
 
 
 def test_a_stream_whose_client_leaves_has_its_job_cancelled(server, model, monkeypatch, tmp_path):
