@@ -319,6 +319,7 @@ def run(
     batch_size: int | None = None,
     dtype: str | None = None,
     peer_python: str | None = None,
+    peer_clients: Sequence[int] | None = None,
     workdir: str | os.PathLike[str] | None = None,
 ) -> dict:
     """Serve `model_path` and measure N concurrent clients against the same requests one at a time.
@@ -326,6 +327,8 @@ def run(
     Returns {"model", "seconds", "budget", "clients", "systems": {name: {"concurrent": {N: figures},
     "sequential": {N: figures}, "texts_match_sequential", "start_s"} or {"error": why}}, "markdown"}.
     Figures: clients, requests, failed, audio_s, wall_s, audio_seconds_per_s, p50_s, p95_s.
+    peer_clients: the rounds for the peer (default: the same as ours; it serves one request at a time,
+    so large rounds take long).
     """
     clients = sorted({int(n) for n in clients})
     model = Path(model_path).resolve()
@@ -345,10 +348,11 @@ def run(
     options = (["--batch-size", str(batch_size)] if batch_size else []) + (
         ["--dtype", dtype] if dtype else []
     )
-    systems = [("mlx_qwen3asr", sys.executable, "ours", options)]
+    systems = [("mlx_qwen3asr", sys.executable, "ours", options, clients)]
     if peer_python:
-        systems.append(("moona3k", peer_python, "moona3k", []))
-    for name, python, system, extra in systems:
+        rounds = sorted({int(n) for n in peer_clients or clients} & set(clients))
+        systems.append(("moona3k", peer_python, "moona3k", [], rounds))
+    for name, python, system, extra, rounds in systems:
         print(f"{name}: starting its server", file=sys.stderr)
         if system == "moona3k":
             missing = _peer_missing(python)
@@ -362,7 +366,7 @@ def run(
             report["systems"][name] = {"error": " ".join(str(e).split())}
             continue
         try:
-            figures = measure(server.url, paths, blobs, clients, seconds)
+            figures = measure(server.url, paths, blobs, rounds, seconds)
             figures["start_s"] = round(server.start_s, 2)
             if system == "moona3k":
                 figures["version"] = _version(python, "mlx-qwen3-asr")
@@ -391,7 +395,7 @@ def markdown(report: dict) -> str:
         if "error" in figures:
             lines.append(f"| {name} | could not run: {figures['error']} | | | | | | | |")
             continue
-        for n in report["clients"]:
+        for n in figures["concurrent"]:
             c, s = figures["concurrent"][n], figures["sequential"][n]
             gain = (
                 c["audio_seconds_per_s"] / s["audio_seconds_per_s"] if s["audio_seconds_per_s"] else math.nan
@@ -401,6 +405,14 @@ def markdown(report: dict) -> str:
                 f"| {name} | {n}{failed} | {c['audio_seconds_per_s']:.2f} | {c['p50_s']:.2f} | {c['p95_s']:.2f} "
                 f"| {s['audio_seconds_per_s']:.2f} | {s['p50_s']:.2f} | {s['p95_s']:.2f} | {gain:.2f}x |"
             )
+    ours, peer = report["systems"].get("mlx_qwen3asr", {}), report["systems"].get("moona3k", {})
+    shared = [n for n in ours.get("concurrent", {}) if n in peer.get("concurrent", {})]
+    if shared:
+        lines += ["", "| clients at once | mlx_qwen3asr audio s/s | moona3k audio s/s | ours / theirs |"]
+        lines.append("| --- | --- | --- | --- |")
+        for n in shared:
+            a, b = ours["concurrent"][n]["audio_seconds_per_s"], peer["concurrent"][n]["audio_seconds_per_s"]
+            lines.append(f"| {n} | {a:.2f} | {b:.2f} | {a / b:.2f}x |")
     return "\n".join(lines)
 
 
@@ -415,6 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=None, help="the server's --batch-size")
     ap.add_argument("--dtype", default=None, help="the server's --dtype")
     ap.add_argument("--peer-python", default=None, help="python of an environment with mlx-qwen3-asr")
+    ap.add_argument(
+        "--peer-clients", type=int, nargs="+", default=None, help="the peer's rounds (default: all)"
+    )
     ap.add_argument("--json", default=None, help="write the report here")
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--serve-ours", action="store_true", help=argparse.SUPPRESS)
@@ -432,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=args.batch_size,
         dtype=args.dtype,
         peer_python=args.peer_python,
+        peer_clients=args.peer_clients,
     )
     print(report["markdown"])
     if args.json:
