@@ -579,7 +579,8 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="checkpoint directory or repo id (default: random 0.6b, built once)")
-    ap.add_argument("--mode", choices=(*MODES, "all", "align"), default="all")
+    ap.add_argument("--mode", choices=(*MODES, "all", "align", "server"), default="all")
+    ap.add_argument("--clients", default="1,4,16,64", help="concurrent clients for --mode server")
     ap.add_argument(
         "--aligner", help="forced aligner for --mode align (default: random aligner preset, built once)"
     )
@@ -636,6 +637,29 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if args.json:
             Path(args.json).write_text(json.dumps({**result, "markdown": text}, indent=2) + "\n")
+        return 0
+    if args.mode == "server":
+        from tools.server_bench import run as server_run
+
+        path = Path(args.model) if args.model else REPO_ROOT / "checkpoints" / "random-0.6b"
+        if not (path / "config.json").exists():
+            from tools.make_checkpoint import write_checkpoint
+
+            print(f"building {path}", file=sys.stderr)
+            write_checkpoint(path, "0.6b", seed=0)
+        result = server_run(
+            path,
+            clients=tuple(int(c) for c in args.clients.split(",")),
+            seconds=args.folder_seconds,
+            tokens_per_second=args.tokens_per_second or 4.0,
+            batch_size=args.batch_size,
+            dtype=args.dtype,
+            peer_python=args.peer_python if args.peers else None,
+            peer_clients=(1, 4),
+        )
+        print(result["markdown"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
         return 0
     if args.model:
         model_path = Path(args.model)
