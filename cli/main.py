@@ -133,7 +133,10 @@ def _stop(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def _signal_handlers() -> Iterator[None]:
+def _signal_handlers(restore_after_stop: bool = True) -> Iterator[None]:
+    """Install _stop for the run; afterwards put the caller's handlers back. A process that is
+    about to exit after a stop (the `mlxasr` command) keeps ignoring further signals instead, so
+    that the tail of a Ctrl-C storm cannot interrupt the summary or the exit."""
     # Ctrl-C raises KeyboardInterrupt even when the parent started us with SIGINT ignored.
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -142,8 +145,10 @@ def _signal_handlers() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        stopped = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        if restore_after_stop or not stopped:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
 
 
 # --- arguments ----------------------------------------------------------------------------------
@@ -949,13 +954,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     `mlxasr serve ...` starts the transcription server instead (mlx_qwen3asr.cli.serve).
     """
+    return _main(argv, restore_after_stop=True)
+
+
+def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["serve"] and not os.path.exists("serve"):
         from mlx_qwen3asr.cli.serve import main as serve
 
         return serve(args_list[1:])
     parser = build_parser()
-    with _signal_handlers():
+    with _signal_handlers(restore_after_stop):
         try:
             args = parser.parse_args(args_list)
             return _run(parser, args, sys.stdout, sys.stderr)
@@ -976,7 +985,7 @@ def entry() -> None:
     queued on the device (a long prefill can run for many seconds more): every finished output is
     written and closed by then, and no temporary file is left.
     """
-    status = main()
+    status = _main(None, restore_after_stop=False)
     if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         sys.stdout.flush()
         sys.stderr.flush()
