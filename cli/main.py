@@ -181,7 +181,7 @@ def _int_in(limits: tuple[int, int]):
     return parse
 
 
-def _seconds_in(limits: tuple[float, float], unit: str = "seconds"):
+def _number_in(limits: tuple[float, float], unit: str = "seconds"):
     low, high = limits
 
     def parse(value: str) -> float:
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctx.add_argument("--context-file", type=Path, metavar="F", help="read the --context text from a file")
     rec.add_argument(
         "--max-segment-seconds",
-        type=_seconds_in(SEGMENT_SECONDS_RANGE),
+        type=_number_in(SEGMENT_SECONDS_RANGE),
         default=DEFAULT_MAX_SEGMENT_SECONDS,
         metavar="S",
         help=f"longest piece of audio given to the model at once, cut at the quietest point "
@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--max-cue-seconds",
-        type=_seconds_in(CUE_SECONDS_RANGE),
+        type=_number_in(CUE_SECONDS_RANGE),
         default=defaults.max_duration,
         metavar="S",
         help=f"longest time a cue stays on screen, where the text can be split ({_range(CUE_SECONDS_RANGE)}; "
@@ -342,21 +342,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--pause-seconds",
-        type=_seconds_in(PAUSE_SECONDS_RANGE),
+        type=_number_in(PAUSE_SECONDS_RANGE),
         default=defaults.pause,
         metavar="S",
         help=f"a pause between words this long ends a cue ({_range(PAUSE_SECONDS_RANGE)}; default: {defaults.pause:g})",
     )
     cues.add_argument(
         "--min-cue-gap",
-        type=_seconds_in(CUE_GAP_RANGE),
+        type=_number_in(CUE_GAP_RANGE),
         default=defaults.min_gap,
         metavar="S",
         help=f"time between two cues at least, with word timing ({_range(CUE_GAP_RANGE)}; default: {defaults.min_gap:g})",
     )
     cues.add_argument(
         "--max-chars-per-second",
-        type=_seconds_in(CPS_RANGE, "characters per second"),
+        type=_number_in(CPS_RANGE, "characters per second"),
         default=defaults.max_cps,
         metavar="N",
         help=f"reading speed a cue keeps to where the text allows ({_range(CPS_RANGE)}; default: {defaults.max_cps:g})",

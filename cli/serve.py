@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import socket
@@ -29,6 +28,7 @@ from mlx_qwen3asr.cli.main import (
     MODEL_ENV,
     _int_in,
     _model_error,
+    _number_in,
 )
 
 from mlx_qwen3asr.loading import DTYPES
@@ -70,21 +70,6 @@ exit status:
 
 class _Terminated(BaseException):
     """SIGTERM, raised so that the same cleanup as for Ctrl-C runs."""
-
-
-def _number_in(limits: tuple[float, float], unit: str):
-    low, high = limits
-
-    def parse(value: str) -> float:
-        try:
-            x = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-        if not (math.isfinite(x) and low <= x <= high):
-            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} {unit}, got {value}")
-        return x
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

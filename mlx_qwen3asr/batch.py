@@ -253,35 +253,40 @@ def existing_outputs(job: Job) -> list[str]:
     return [fmt for fmt, path in job.outputs.items() if os.path.lexists(path)]
 
 
-def outputs_older_than_input(job: Job) -> bool:
-    """Whether some existing output was last modified before the input was."""
+def _stats(job: Job) -> tuple[int, list[os.stat_result | None]] | None:
+    """The input's modification time and each output's stat (None where it cannot be read);
+    None when the input itself cannot be read."""
     try:
         source = os.stat(job.path).st_mtime_ns
     except OSError:
-        return False
+        return None
+    outs: list[os.stat_result | None] = []
     for out in job.outputs.values():
         try:
-            if os.stat(out).st_mtime_ns < source:
-                return True
+            outs.append(os.stat(out))
         except OSError:
-            continue
-    return False
+            outs.append(None)
+    return source, outs
+
+
+def outputs_older_than_input(job: Job) -> bool:
+    """Whether some existing output was last modified before the input was."""
+    found = _stats(job)
+    if found is None:
+        return False
+    source, outs = found
+    return any(st is not None and st.st_mtime_ns < source for st in outs)
 
 
 def is_up_to_date(job: Job) -> bool:
     """Whether every output exists and was modified after the input."""
-    try:
-        source = os.stat(job.path).st_mtime_ns
-    except OSError:
+    found = _stats(job)
+    if found is None:
         return False
-    for out in job.outputs.values():
-        try:
-            st = os.stat(out)
-        except OSError:
-            return False
-        if not stat.S_ISREG(st.st_mode) or st.st_mtime_ns <= source:
-            return False
-    return bool(job.outputs)
+    source, outs = found
+    return bool(outs) and all(
+        st is not None and stat.S_ISREG(st.st_mode) and st.st_mtime_ns > source for st in outs
+    )
 
 
 def probe_duration(path: str | os.PathLike[str]) -> float | None:

@@ -426,12 +426,7 @@ def _split_units(
             c = best[i] + 1.0 + brk + slack * slack + short
             if c < best[j + 1]:
                 best[j + 1], back[j + 1] = c, i
-    ranges: list[tuple[int, int]] = []
-    j = n
-    while j > 0:
-        ranges.append((back[j], j))
-        j = back[j]
-    return ranges[::-1]
+    return _backtrack(back, n)
 
 
 def split_text(text: str, max_width: int = 42, max_lines: int = 2) -> list[str]:
@@ -766,12 +761,7 @@ def _split_tokens(tokens: Sequence[_Token], options: CueOptions, room_end: float
             c += _CPS_COST * max(0.0, reading * 1000 / avail / options.max_cps - 1)
             if c < best[j + 1]:
                 best[j + 1], back[j + 1] = c, i
-    ranges: list[tuple[int, int]] = []
-    j = n
-    while j > 0:
-        ranges.append((back[j], j))
-        j = back[j]
-    return ranges[::-1]
+    return _backtrack(back, n)
 
 
 def _layout(tokens: Sequence[_Token], options: CueOptions) -> _Raw:
@@ -922,3 +912,13 @@ def build_cues(
         cues.append(Cue(start_ms / 1000, stop_ms / 1000, cue.text, words))
         prev_end = stop_ms
     return cues
+
+
+def _backtrack(back: list[int], n: int) -> list[tuple[int, int]]:
+    """The ranges [i, j) of the best split of n units, from each end's best start back[j]."""
+    ranges: list[tuple[int, int]] = []
+    j = n
+    while j > 0:
+        ranges.append((back[j], j))
+        j = back[j]
+    return ranges[::-1]
