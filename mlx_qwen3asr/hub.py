@@ -91,11 +91,12 @@ def _install_timeouts() -> None:
 
         _http.configure_http_backend(backend_factory=timed_session)
     elif hasattr(_http, "set_client_factory") and hasattr(_http, "default_client_factory"):
-        import httpx  # huggingface_hub >= 1.0
+        # huggingface_hub >= 1.0: an httpx client (the module is `httpx` or, from 2.0, `httpx2`);
+        # its own Timeout class is used, whichever module that is.
 
         def timed_client():
             client = _http.default_client_factory()
-            client.timeout = httpx.Timeout(timeout[1], connect=timeout[0])
+            client.timeout = type(client.timeout)(timeout[1], connect=timeout[0])
             return client
 
         _http.set_client_factory(timed_client)

@@ -150,3 +150,37 @@ def test_size_mismatch_is_summarised(tmp_path, checkpoints):
     assert len(message) < 1200 and "\n" not in message
     assert "weight shape(s) differ: " in message and " more" in message
     assert "config.json's sizes do not match these weights" in message
+
+
+def test_timeouts_reach_the_httpx_client_of_huggingface_hub_1_and_later(monkeypatch):
+    """huggingface_hub >= 1.0 makes its requests with an httpx client (module `httpx2` from 2.0): the
+    timeouts are set with that client's own Timeout class, whatever module it comes from."""
+    import types
+
+    from huggingface_hub.utils import _http as real_http
+
+    from mlx_qwen3asr import hub
+
+    class Timeout:  # stands in for httpx2.Timeout: hub must not import any httpx module by name
+        def __init__(self, timeout, *, connect=None):
+            self.read, self.connect = timeout, connect
+
+    class Client:
+        def __init__(self):
+            self.timeout = Timeout(None)
+
+    installed = []
+    fake = types.ModuleType("huggingface_hub.utils._http")
+    fake.default_client_factory = Client
+    fake.set_client_factory = installed.append
+    monkeypatch.setattr(sys.modules["huggingface_hub.utils"], "_http", fake)
+    monkeypatch.setitem(sys.modules, "huggingface_hub.utils._http", fake)
+    monkeypatch.setitem(sys.modules, "httpx", None)  # importing it would fail
+    monkeypatch.setattr(hub, "_timeouts_installed", False)
+    monkeypatch.setenv("MLXASR_HUB_TIMEOUT", "7")
+    hub._install_timeouts()
+    assert len(installed) == 1
+    client = installed[0]()
+    assert isinstance(client.timeout, Timeout)
+    assert (client.timeout.read, client.timeout.connect) == (7.0, hub.CONNECT_TIMEOUT)
+    assert real_http is not fake

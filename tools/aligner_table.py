@@ -5,9 +5,11 @@
 
 The aligner is converted unquantized (bf16), 8-bit and 4-bit (the encoder left unquantized, as by
 default); each conversion aligns the same texts in the same clips, and every word's start and end
-are compared with the bf16 conversion's: how many move by more than one 80 ms timestamp bin, and the
-mean shift. On random weights this measures how far quantization moves the timestamps, not how good
-they are.
+class (the head's argmax at its two timestamp slots, before the repair and before times are clamped
+to the clip) is compared with the bf16 conversion's: how many words move by more than one 80 ms
+timestamp bin, and the mean shift. Raw classes are compared because a random-weight head often
+points past the end of the clip, where every clamped time would be equal. On random weights this
+measures how far quantization moves the timestamps, not how good they are.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ import mlx.core as mx  # noqa: E402
 # isort: on
 import numpy as np  # noqa: E402
 
+from mlx_qwen3asr.alignment import aligner_prompt, timestamp_classes  # noqa: E402
+from mlx_qwen3asr.audio import log_mel_spectrogram  # noqa: E402
 from mlx_qwen3asr.convert import convert_checkpoint  # noqa: E402
+from mlx_qwen3asr.scheduler import encode_segments  # noqa: E402
+from mlx_qwen3asr.words import split_items  # noqa: E402
 from tools.layout_table import clip  # noqa: E402
 from tools.make_checkpoint import write_checkpoint  # noqa: E402
 
@@ -41,6 +47,16 @@ TEXT = (
     "So the first thing I want to talk about today is the budget for next year. We looked at every "
     "department, and most of them asked for more than last time."
 )
+
+
+def raw_times(aligner: mlx_qwen3asr.ASRModel, clips: list[np.ndarray]) -> np.ndarray:
+    """(words, 2): each word's start and end in seconds as the head's argmax classes give them."""
+    items = [i.text for i in split_items(TEXT, "English")]
+    features = encode_segments(aligner, [log_mel_spectrogram(c) for c in clips])
+    prompts = [aligner_prompt(aligner, int(f.shape[0]), items) for f in features]
+    classes = np.concatenate(timestamp_classes(aligner, prompts, features))
+    step_s = float(aligner.config.timestamp_segment_time or 80) / 1000
+    return classes.reshape(-1, 2) * step_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,16 +80,15 @@ def main(argv: list[str] | None = None) -> int:
             aligner = mlx_qwen3asr.load(path, dtype="float32")
             load_s = time.perf_counter() - start
             start = time.perf_counter()
-            words = [mlx_qwen3asr.align(aligner, wav, TEXT, "English") for wav in clips]
+            times[name] = raw_times(aligner, clips)
             align_s = time.perf_counter() - start
-            times[name] = np.array([[w.start, w.end] for ws in words for w in ws])
             rows.append({"recipe": name, "size_mb": size / 1e6, "load_s": load_s, "align_s": align_s})
             del aligner
             gc.collect()
             mx.clear_cache()
     reference = times["bf16"]
     print(f"{len(reference)} words in {len(args.clips)} clips ({', '.join(f'{s:g} s' for s in args.clips)})")
-    print("| recipe | size on disk | load time | words moved > 80 ms (start or end) | mean shift |")
+    print("| recipe | size on disk | load time | words moved > 80 ms (start or end class) | mean shift |")
     print("| --- | --- | --- | --- | --- |")
     for row in rows:
         shift = np.abs(times[row["recipe"]] - reference)
