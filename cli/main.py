@@ -962,7 +962,7 @@ def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     if args_list[:1] == ["serve"] and not os.path.exists("serve"):
         from mlx_qwen3asr.cli.serve import main as serve
 
-        return serve(args_list[1:])
+        return serve(args_list[1:], exiting=not restore_after_stop)
     parser = build_parser()
     with _signal_handlers(restore_after_stop):
         try:
@@ -983,10 +983,12 @@ def entry() -> None:
 
     After Ctrl-C (or SIGTERM) the process ends at once rather than waiting for model work already
     queued on the device (a long prefill can run for many seconds more): every finished output is
-    written and closed by then, and no temporary file is left.
+    written and closed by then, and no temporary file is left. `mlxasr serve` always leaves this
+    way, its engine's thread left running (see mlx_qwen3asr.cli.serve.main).
     """
     status = _main(None, restore_after_stop=False)
-    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    serving = sys.argv[1:2] == ["serve"] and not os.path.exists("serve")
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED) or serving:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

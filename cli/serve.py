@@ -192,7 +192,7 @@ def _load_models(args: argparse.Namespace):
     return model, aligner, None
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, exiting: bool) -> int:
     try:
         sock = _listen(args.host, args.port)
     except OSError as e:
@@ -235,7 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         sock.close()
-        if engine is not None:
+        if engine is not None and not exiting:
             engine.close()
 
 
@@ -243,8 +243,12 @@ def _terminate(signum: int, frame: object) -> None:
     raise _Terminated()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run `mlxasr serve` with the given arguments (default: sys.argv[1:]); returns the exit status."""
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Run `mlxasr serve` with the given arguments (default: sys.argv[1:]); returns the exit status.
+
+    exiting: the process ends right after (the command): the engine's thread is left as it is rather
+    than stopped, since MLX can abort a process whose threads that used it end during its exit; the
+    caller then leaves with os._exit."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -253,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
-        return _serve(args)
+        return _serve(args, exiting)
     except KeyboardInterrupt:
         print("mlxasr serve: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -265,5 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> None:
+    """Run the server as a command: main(), then leave at once with its status."""
+    status = main(exiting=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
