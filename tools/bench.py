@@ -387,20 +387,26 @@ ALIGN_PASSAGE = (
 ).split()
 
 
+def checkpoint_path(given: str | None, preset: str) -> Path:
+    """The checkpoint to measure: `given`, or this repository's random-weight `preset` (built once)."""
+    if given:
+        return Path(given)
+    path = REPO_ROOT / "checkpoints" / f"random-{preset}"
+    if not (path / "config.json").exists():
+        from tools.make_checkpoint import write_checkpoint
+
+        print(f"building {path}", file=sys.stderr)
+        write_checkpoint(path, preset, seed=0)
+    return path
+
+
 def alignment_bench(args: argparse.Namespace, work: Path) -> dict:
     """Forced alignment of a folder's segments: seconds per audio second, batched and one at a time,
     and moona3k's aligner on the same segments and texts (with --peers)."""
     from mlx_qwen3asr.alignment import align_segments
     from mlx_qwen3asr.convert import convert_checkpoint
-    from tools.make_checkpoint import write_checkpoint
 
-    if args.aligner:
-        path = Path(args.aligner)
-    else:
-        path = REPO_ROOT / "checkpoints" / "random-aligner"
-        if not (path / "config.json").exists():
-            print(f"building {path}", file=sys.stderr)
-            write_checkpoint(path, "aligner", seed=0)
+    path = checkpoint_path(args.aligner, "aligner")
     aligner = mlx_qwen3asr.load(str(path), dtype=args.dtype)
     seconds = args.folder_seconds
     wavs = [speechlike(seconds, seed=i) for i in range(args.files)]
@@ -641,12 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "server":
         from tools.server_bench import run as server_run
 
-        path = Path(args.model) if args.model else REPO_ROOT / "checkpoints" / "random-0.6b"
-        if not (path / "config.json").exists():
-            from tools.make_checkpoint import write_checkpoint
-
-            print(f"building {path}", file=sys.stderr)
-            write_checkpoint(path, "0.6b", seed=0)
+        path = checkpoint_path(args.model, "0.6b")
         result = server_run(
             path,
             clients=tuple(int(c) for c in args.clients.split(",")),
@@ -661,15 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
         return 0
-    if args.model:
-        model_path = Path(args.model)
-    else:
-        model_path = REPO_ROOT / "checkpoints" / "random-0.6b"
-        if not (model_path / "config.json").exists():
-            from tools.make_checkpoint import write_checkpoint
-
-            print(f"building {model_path}", file=sys.stderr)
-            write_checkpoint(model_path, "0.6b", seed=0)
+    model_path = checkpoint_path(args.model, "0.6b")
     modes = list(MODES) if args.mode == "all" else [args.mode]
     if args.realistic_stops:
         budget = Budget(spread=(0.5, 6.0))
