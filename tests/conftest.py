@@ -9,20 +9,21 @@ import pytest
 # if it comes first (mlx_qwen3asr._cpu); otherwise every MLX product runs on the slow bundled BLAS.
 import mlx_qwen3asr  # noqa: F401
 
-SHARED_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "shared" / "tokenizer"
+# The vocabulary travels with the repository (tools/published/), so a fresh clone runs the tests.
+TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "tools" / "published" / "tokenizer"
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir() -> Path:
     """The real Qwen3-ASR vocabulary (vocab.json, merges.txt, tokenizer_config.json, chat_template.json)."""
     required = ("vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.json")
-    missing = [name for name in required if not (SHARED_TOKENIZER_DIR / name).is_file()]
+    missing = [name for name in required if not (TOKENIZER_DIR / name).is_file()]
     if missing:
         pytest.fail(
-            f"tokenizer data missing: {SHARED_TOKENIZER_DIR} lacks {', '.join(missing)} "
-            "(the shared/tokenizer directory must sit next to the repository)"
+            f"tokenizer data missing: {TOKENIZER_DIR} lacks {', '.join(missing)} "
+            "(tools/published/tokenizer is part of the repository)"
         )
-    return SHARED_TOKENIZER_DIR
+    return TOKENIZER_DIR
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

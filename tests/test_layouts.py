@@ -1,7 +1,7 @@
 """Test checkpoints are the published ones; every published layout loads as it is; conversions are mlx-community's.
 
 The published metadata (config, tokenizer and template files, weight names and shapes of the release,
-the -hf repositories and mlx-community's conversions) lies in shared/real-checkpoints beside the
+the -hf repositories and mlx-community's conversions) lies in tools/published/real-checkpoints in the
 repository. tools/make_checkpoint.py builds every test checkpoint from it; these tests hold the tool to
 it, at the real sizes too (names and shapes only: no real-size weights are written here).
 """

@@ -3,11 +3,11 @@
     python tools/make_checkpoint.py --preset 0.6b -o checkpoints/random-0.6b
     python tools/make_checkpoint.py --preset aligner --layout hf -o checkpoints/random-aligner-hf
 
-Everything but the weights comes from the published metadata (`shared/real-checkpoints/` beside the
-repository, `--metadata-dir`): config.json, generation_config.json, preprocessor_config.json,
+Everything but the weights comes from the published metadata (`tools/published/real-checkpoints/`,
+`--metadata-dir`): config.json, generation_config.json, preprocessor_config.json,
 tokenizer_config.json, chat_template.json and configuration.json are copied as they are, and the
 `tiny` presets change only the size fields of config.json. The vocabulary and merges come from
-`shared/tokenizer/` (identical in every published folder).
+`tools/published/tokenizer/` (identical in every published folder).
 
 Presets: `tiny` and `0.6b` (Qwen/Qwen3-ASR-0.6B), `1.7b` (Qwen/Qwen3-ASR-1.7B, two shards and an index
 as released), `aligner` and `aligner-tiny` (Qwen/Qwen3-ForcedAligner-0.6B: 24-layer 1024-wide encoder,
@@ -37,9 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-DEFAULT_METADATA_DIR = SHARED / "real-checkpoints"
-DEFAULT_TOKENIZER_DIR = SHARED / "tokenizer"
+# The published metadata travels with the repository (tools/published/, copied from the release
+# downloads; its README says what is real and what is reconstructed).
+PUBLISHED = Path(__file__).resolve().parent / "published"
+DEFAULT_METADATA_DIR = PUBLISHED / "real-checkpoints"
+DEFAULT_TOKENIZER_DIR = PUBLISHED / "tokenizer"
 HF_TOKENIZER = "Qwen3-ASR-0.6B-hf/tokenizer-as-saved-by-transformers-5.23"
 RELEASE_SIDE_FILES = (
     "generation_config.json",
