@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -958,6 +959,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
+    open_closed_standard_streams()  # before any file is opened: none may take fd 0, 1 or 2
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["serve"] and not os.path.exists("serve"):
         from mlx_qwen3asr.cli.serve import main as serve

@@ -5,7 +5,9 @@ still ends with the summary, option values are range-checked, and transcription 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import re
 import signal
@@ -14,7 +16,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
 import mlx_qwen3asr.cli.main as cli_main
 import pytest
 from mlx_qwen3asr.cli.main import main
@@ -649,3 +653,83 @@ def test_a_closed_stdout_pipe_does_not_stop_the_run(tmp_path, ckpt):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
     assert a.with_suffix(".srt").is_file() and b.with_suffix(".srt").is_file()
+
+
+# --- standard streams closed by the caller --------------------------------------------------------
+
+
+def closing(fds: tuple[int, ...]):
+    """A preexec_fn that starts the command with these descriptors closed, as `<&-`, `>&-`, `2>&-` do."""
+
+    def close() -> None:
+        for fd in fds:
+            os.close(fd)
+
+    return close
+
+
+@pytest.mark.parametrize("fds", [(0,), (1,), (2,), (0, 1, 2)], ids=["stdin", "stdout", "stderr", "all"])
+def test_a_command_started_with_closed_standard_streams_transcribes(tmp_path, ckpt, fds):
+    """No file opened later takes fd 0, 1 or 2: the checkpoint is not read as stdin, no message is
+    written into a transcript, and a missing sys.stdout is no traceback."""
+    a = write_audio(tmp_path / "a.wav", 1.5, 1)
+    b = write_audio(tmp_path / "b.wav", 1.5, 2)
+    proc = cli(str(a), str(b), "--txt", "--json", "--model", ckpt, preexec_fn=closing(fds), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for path in (a, b):
+        doc = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        assert doc["source"] == str(path)
+        assert path.with_suffix(".txt").read_text(encoding="utf-8") == writers.render_txt(
+            SimpleNamespace(
+                segments=[SimpleNamespace(text=s["text"]) for s in doc["segments"]], text=doc["text"]
+            )
+        )
+    assert temporaries(tmp_path) == []
+
+
+def test_the_converter_started_with_closed_standard_streams_converts(tmp_path, ckpt):
+    dst = tmp_path / "converted"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlx_qwen3asr.cli.convert", ckpt, "-o", str(dst), "--bits", "8"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=closing((0, 1, 2)),
+    )
+    assert proc.returncode == 0
+    assert json.loads((dst / "config.json").read_text(encoding="utf-8"))["quantization"]["bits"] == 8
+    assert cli(str(write_audio(tmp_path / "a.wav", 1.5, 1)), "--model", str(dst)).returncode == 0
+
+
+def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt):
+    env = {k: v for k, v in os.environ.items() if k != "MLXASR_API_KEY"}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_qwen3asr.cli.main", "serve", "--model", ckpt, "--port", str(port)],
+        env=env,
+        preexec_fn=closing((0, 1, 2)),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the server exited with status {proc.returncode}"
+        audio = write_audio(tmp_path / "a.wav", 1.5, 1).read_bytes()
+        answer = httpx.post(
+            f"{url}/v1/audio/transcriptions",
+            files={"file": ("a.wav", audio)},
+            data={"model": "m", "response_format": "json"},
+            timeout=120,
+        )
+        assert answer.status_code == 200 and "text" in answer.json()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(timeout=60)
+    assert status == 130
