@@ -30,6 +30,12 @@ _N_BINS = N_FFT // 2 + 1
 # Frames per FFT batch; bounds the temporary float64 frame matrix to about 26 MB.
 _BLOCK_FRAMES = 8192
 
+# Sample rates accepted from files and callers, in Hz: from 1 kHz (below telephony's 8 kHz and the old
+# 4-6 kHz formats) to 768 kHz (the highest rate PCM recorders and interfaces use). A rate outside this is
+# a damaged or hostile header: 1 Hz would turn a 100 KB file into days of 16 kHz samples.
+MIN_SAMPLE_RATE = 1000
+MAX_SAMPLE_RATE = 768_000
+
 # Extensions soundfile (libsndfile >= 1.1) decodes itself.
 _SOUNDFILE_EXTENSIONS = frozenset(
     {"wav", "flac", "mp3", "ogg", "oga", "opus", "aiff", "aif", "aifc", "caf", "w64", "au", "snd"}
@@ -49,6 +55,13 @@ class AudioError(Exception):
         super().__init__(f"{self.path}: {reason}")
 
 
+def sample_rate_problem(rate: int) -> str | None:
+    """Why a stated sample rate is refused (outside MIN_SAMPLE_RATE..MAX_SAMPLE_RATE), or None."""
+    if MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        return None
+    return f"implausible sample rate {rate} Hz (accepted: {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz)"
+
+
 def _to_float(audio: np.ndarray) -> np.ndarray:
     if audio.dtype.kind == "f":
         # float64 stays float64 through resampling, as in the official path for arrays.
@@ -66,12 +79,15 @@ def prepare_audio(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     """Mix to mono, resample to 16 kHz and peak-normalise like the official `normalize_audio_input`.
 
     Accepts (frames,), (frames, channels) or (channels, frames) with at most 8 channels. Integer
-    samples are scaled from full scale to [-1, 1]. Returns C-contiguous float32.
+    samples are scaled from full scale to [-1, 1]. `sample_rate` is an integer from MIN_SAMPLE_RATE to
+    MAX_SAMPLE_RATE (ValueError otherwise). Returns C-contiguous float32.
     """
     x = np.asarray(audio)
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
         raise ValueError(f"sample_rate must be a positive integer, got {sample_rate!r}")
     sample_rate = int(sample_rate)
+    if (problem := sample_rate_problem(sample_rate)) is not None:
+        raise ValueError(f"sample_rate: {problem}")
     if x.ndim not in (1, 2):
         raise ValueError(f"audio must be 1-D or 2-D (frames, channels), got shape {x.shape}")
     x = _to_float(x)

@@ -7,7 +7,8 @@ however long a file is: past SPILL_SECONDS the samples go to an unnamed temporar
 cut points and subtitle timing read them back by range. The official normalisation (divide by the peak
 when it exceeds full scale) is applied as samples are read.
 
-Anything but a regular file is refused before it is opened; a file that decodes to clearly less than
+Anything but a regular file is refused before it is opened, and a sample rate outside
+MIN_SAMPLE_RATE..MAX_SAMPLE_RATE before anything is decoded; a file that decodes to clearly less than
 its header states is kept, with a warning naming both durations; native decoders' chatter on stderr
 is captured and turned into our own message.
 """
@@ -34,14 +35,24 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from .audio import _FFMPEG_EXTENSIONS, _SOUNDFILE_EXTENSIONS, SAMPLE_RATE, AudioError, prepare_audio
+from .audio import (
+    _FFMPEG_EXTENSIONS,
+    _SOUNDFILE_EXTENSIONS,
+    SAMPLE_RATE,
+    AudioError,
+    prepare_audio,
+    sample_rate_problem,
+)
 
 # Decoded audio longer than this goes to an unnamed temporary file instead of memory (19 MB a 5 min).
 SPILL_SECONDS = 300.0
 # A file decoding to less than its header states by more than this (and 1%) is reported truncated.
 TRUNCATION_SECONDS = 0.5
-# Frames per decoded block.
+# Frames per decoded block (fewer for files of more than 8 channels), and about the most samples one
+# resampling step produces: memory is bounded by a block whatever the rates and channel count.
 DECODE_BLOCK = 1 << 16
+# RIFF chunks walked looking for "fmt " and "data" before giving up on a header.
+_MAX_WAV_CHUNKS = 1024
 # Sun AU encoding code for 32-bit IEEE float samples.
 _AU_FLOAT32 = 6
 _FFMPEG_HINT = "install it with 'brew install ffmpeg' (macOS) or your package manager"
@@ -256,23 +267,70 @@ def _open_regular(path: str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def _wav_declared_frames(f: BinaryIO) -> int | None:
-    """Frames a RIFF/WAVE header declares in its data chunk (libsndfile reports what is present)."""
-    head = os.pread(f.fileno(), 1 << 16, 0)
-    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+class _RateRefused(AudioError):
+    """A sample rate outside the accepted range (passed on as it is, never retried with ffmpeg)."""
+
+
+@dataclass
+class _WavHeader:
+    """What a RIFF/RF64/BW64 WAVE header states (libsndfile reports what is present, or refuses)."""
+
+    riff: bytes
+    rate: int | None = None  # from the "fmt " chunk
+    block_align: int = 0
+    data_offset: int | None = None  # where the data chunk's samples begin
+    data_size: int | None = None  # what the data chunk's header states
+
+
+def _wav_header(f: BinaryIO) -> _WavHeader | None:
+    """The WAVE header's fields, walking its chunks up to the data chunk; None for other files."""
+    fd = f.fileno()
+    head = os.pread(fd, 12, 0)
+    if len(head) < 12 or head[:4] not in (b"RIFF", b"RF64", b"BW64") or head[8:12] != b"WAVE":
         return None
-    pos, block_align = 12, 0
-    while pos + 8 <= len(head):
-        cid, size = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
-        if cid == b"fmt " and pos + 22 <= len(head):
-            block_align = struct.unpack("<H", head[pos + 20 : pos + 22])[0]
+    header, pos = _WavHeader(head[:4]), 12
+    for _ in range(_MAX_WAV_CHUNKS):
+        chunk = os.pread(fd, 24, pos)
+        if len(chunk) < 8:
+            break
+        cid, size = chunk[:4], struct.unpack("<I", chunk[4:8])[0]
+        if cid == b"fmt " and len(chunk) >= 22:
+            header.rate = struct.unpack("<I", chunk[12:16])[0]
+            header.block_align = struct.unpack("<H", chunk[20:22])[0]
         elif cid == b"data":
-            # 0 and 0xFFFFFFFF are what streaming writers put when they cannot know the length.
-            if block_align == 0 or size in (0, 0xFFFFFFFF):
-                return None
-            return size // block_align
+            header.data_offset, header.data_size = pos + 8, size
+            break
         pos += 8 + size + (size & 1)
-    return None
+    return header
+
+
+def _wav_declared_frames(header: _WavHeader | None) -> int | None:
+    """Frames a RIFF/WAVE header declares in its data chunk, when it states a length."""
+    if header is None or header.riff != b"RIFF" or header.data_size is None or header.block_align == 0:
+        return None
+    # 0 and 0xFFFFFFFF are what streaming writers put when they cannot know the length.
+    if header.data_size in (0, 0xFFFFFFFF):
+        return None
+    return header.data_size // header.block_align
+
+
+def _sound_input(path: str, f: BinaryIO) -> tuple[BinaryIO, _WavHeader | None]:
+    """What to hand libsndfile for an open file, and its WAVE header when it has one.
+
+    An implausible sample rate in a WAVE header is an AudioError before anything is decoded (libsndfile
+    refuses 0 Hz with an unrelated message, and accepts 1 Hz).
+    """
+    header = _wav_header(f)
+    if header is None:
+        return f, None
+    if header.rate is not None and (problem := sample_rate_problem(header.rate)) is not None:
+        raise _RateRefused(path, problem)
+    return f, header
+
+
+def _block_frames(channels: int) -> int:
+    """Frames per decoded block: DECODE_BLOCK, fewer past 8 channels so a block stays 8 * DECODE_BLOCK."""
+    return max(1, min(DECODE_BLOCK, 8 * DECODE_BLOCK // max(1, channels)))
 
 
 @dataclass
@@ -290,21 +348,22 @@ class _DecodeFailed(Exception):
     """The decoder produced nothing; the message is its reason."""
 
 
-def _soundfile_source(f: BinaryIO, notes: list[str]) -> _Source:
+def _soundfile_source(path: str, f: BinaryIO, notes: list[str]) -> _Source:
+    view, header = _sound_input(path, f)
     with _native_stderr(notes):
-        snd = sf.SoundFile(f)
-    declared = _wav_declared_frames(f) if snd.format == "WAV" else None
+        snd = sf.SoundFile(view)
+    declared = _wav_declared_frames(header) if snd.format == "WAV" else None
     frames = declared if declared is not None else (snd.frames if snd.frames > 0 else None)
     rate = int(snd.samplerate)
     source = _Source(rate, None if frames is None else frames / rate, iter(()), close=snd.close)
 
     def blocks() -> Iterator[np.ndarray]:
-        got = 0
+        got, size = 0, _block_frames(snd.channels)
         while True:
             try:
                 # float32 like librosa.load, which is what the official pipeline reads files with.
                 with _native_stderr(notes):
-                    block = snd.read(DECODE_BLOCK, dtype="float32", always_2d=True)
+                    block = snd.read(size, dtype="float32", always_2d=True)
             except (sf.LibsndfileError, RuntimeError) as e:
                 reason = _one_line(getattr(e, "error_string", None) or str(e)).strip(" .:")
                 if not got:
@@ -406,7 +465,7 @@ def _ffmpeg_source(path: str, ffmpeg: str) -> _Source:
         rest = b""
         got = 0
         while True:
-            data = proc.stdout.read(DECODE_BLOCK * frame)
+            data = proc.stdout.read(_block_frames(channels) * frame)
             if not data:
                 break
             data = rest + data
@@ -455,14 +514,23 @@ def _drain(path: str, source: _Source) -> tuple[Signal, float]:
     """Mix, resample and store every block of a source; returns the signal and the decoded seconds."""
     writer = _SignalWriter(path)
     resampler = None
-    if source.rate != SAMPLE_RATE:
-        resampler = soxr.ResampleStream(source.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+    # Input frames per resampling step: upsampling lengthens a block by 16000 / rate, so it is fed in
+    # pieces whose output is about DECODE_BLOCK samples (the stream gives the same samples however cut).
+    step = max(1, DECODE_BLOCK * source.rate // SAMPLE_RATE)
     frames = 0
     try:
+        if (problem := sample_rate_problem(source.rate)) is not None:
+            raise _RateRefused(path, problem)
+        if source.rate != SAMPLE_RATE:
+            resampler = soxr.ResampleStream(source.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
         for block in source.blocks:
             frames += block.shape[0]
             mono = block[:, 0] if block.shape[1] == 1 else np.mean(block, axis=-1, dtype=np.float32)
-            writer.add(mono if resampler is None else resampler.resample_chunk(mono, last=False))
+            if resampler is None:
+                writer.add(mono)
+                continue
+            for start in range(0, mono.shape[0], step):
+                writer.add(resampler.resample_chunk(mono[start : start + step], last=False))
         if resampler is not None:
             writer.add(resampler.resample_chunk(np.zeros(0, np.float32), last=True))
         if frames == 0:
@@ -502,7 +570,7 @@ def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
             source.header_seconds = _ffprobe_seconds(path)
         else:
             try:
-                source = _soundfile_source(f, notes)
+                source = _soundfile_source(path, f, notes)
                 signal, seconds = _drain(path, source)
             except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
                 # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
@@ -514,6 +582,8 @@ def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
                     try:
                         source = _ffmpeg_source(path, ffmpeg)
                         signal, seconds = _drain(path, source)
+                    except _RateRefused:
+                        raise
                     except AudioError:
                         raise AudioError(
                             path, f"not an audio file ({reason}){_decoder_note(notes)}"
@@ -577,13 +647,14 @@ def probe_seconds(path: str | os.PathLike[str]) -> float | None:
     notes: list[str] = []
     with f:
         try:
+            view, header = _sound_input(path, f)
             with _native_stderr(notes):
-                info = sf.info(f)
-        except Exception:  # any format or I/O problem just means "unknown"
+                info = sf.info(view)
+        except Exception:  # any format or I/O problem, or an implausible rate, just means "unknown"
             return None
-        declared = _wav_declared_frames(f) if info.format == "WAV" else None
+        declared = _wav_declared_frames(header) if info.format == "WAV" else None
     frames = declared if declared is not None else info.frames
-    if info.samplerate > 0 and frames > 0:
+    if sample_rate_problem(info.samplerate) is None and frames > 0:
         return frames / info.samplerate
     return None
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import struct
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -668,3 +670,109 @@ def test_damaged_mp3_is_reported_once(minute, tmp_path, capfd, monkeypatch, hide
         assert warning.startswith("damaged audio data at ") and "decoded past it with ffmpeg" in warning
     err = capfd.readouterr().err
     assert "Illegal Audio-MPEG-Header" not in err and "Note:" not in err and "Xing" not in err
+
+
+# Sample rates stated by headers, and WAV headers that state no length
+
+
+def wav_with(path, fields: dict[int, int], source=None) -> bytes:
+    """A 16-bit mono WAV (or `source`'s bytes) with 32-bit little-endian header fields overwritten."""
+    if source is None:
+        x = (0.3 * np.sin(np.arange(16000) / 5)).astype(np.float32)
+        sf.write(path, x, 16000, subtype="PCM_16")
+        source = path
+    data = bytearray(source.read_bytes())
+    for offset, value in fields.items():
+        struct.pack_into("<I", data, offset, value)
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("rate", [0, 500, 10_000_000, 0xFFFFFFFF])
+def test_implausible_wav_sample_rate_is_refused_by_name(tmp_path, rate):
+    path = tmp_path / "odd rate.wav"
+    wav_with(path, {24: rate, 28: 2 * rate & 0xFFFFFFFF})  # fmt: sample rate, bytes per second
+    with pytest.raises(AudioError) as info:
+        read_audio(path)
+    assert str(info.value) == f"{path}: implausible sample rate {rate} Hz (accepted: 1000 to 768000 Hz)"
+    assert probe_seconds(path) is None
+
+
+def test_implausible_rate_in_other_formats_is_refused(tmp_path):
+    path = tmp_path / "slow.au"
+    sf.write(path, np.zeros(4000, np.float32), 500, format="AU")
+    with pytest.raises(AudioError) as info:
+        read_audio(path)
+    assert str(info.value) == f"{path}: implausible sample rate 500 Hz (accepted: 1000 to 768000 Hz)"
+    with pytest.raises(ValueError, match="implausible sample rate 500 Hz"):
+        prepare_audio(np.zeros(4000, np.float32), 500)
+
+
+@pytest.mark.parametrize("rate", [1000, 8000, 768000])
+def test_sample_rates_at_the_edges_are_read(tmp_path, rate):
+    path = tmp_path / "edge.wav"
+    sf.write(path, 0.1 * np.sin(np.arange(2 * rate) / 3), rate, subtype="FLOAT")
+    decoded = read_audio(path)
+    assert decoded.seconds == 2.0 and decoded.samples.shape == (32000,) and not decoded.warnings
+    assert probe_seconds(path) == 2.0
+
+
+def test_one_hertz_wav_is_refused_at_once_in_bounded_memory(tmp_path):
+    """131 KB declaring 1 Hz would be 18 hours at 16 kHz: refused before decoding, under a memory cap."""
+    path = tmp_path / "one hertz.wav"
+    sf.write(path, 0.1 * np.sin(np.arange(65536) / 5), 16000, subtype="PCM_16")
+    wav_with(path, {24: 1, 28: 2}, source=path)
+    child = (
+        "import resource, sys\n"
+        "from mlx_qwen3asr.audio import AudioError\n"
+        "from mlx_qwen3asr.decode import read_audio\n"
+        "size = [int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmSize')][0]\n"
+        "resource.setrlimit(resource.RLIMIT_AS, ((size << 10) + (1 << 30), resource.RLIM_INFINITY))\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    read_audio(sys.argv[1])\n"
+        "except AudioError as e:\n"
+        "    print(e)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    message, grown_mb = out.stdout.splitlines()
+    assert message == f"{path}: implausible sample rate 1 Hz (accepted: 1000 to 768000 Hz)"
+    assert int(grown_mb) < 50
+
+
+@pytest.mark.parametrize("rate", [1000, 8000])
+def test_resampling_output_is_bounded_per_step(tmp_path, monkeypatch, rate):
+    """Upsampling is fed in pieces: no step makes more than about a block, however low the rate."""
+    path = tmp_path / "low.wav"
+    x = (0.2 * np.sin(np.arange(3 * audio_mod.DECODE_BLOCK + 77) / 7)).astype(np.float32)
+    sf.write(path, x, rate, subtype="FLOAT")
+    sizes = []
+    add = audio_mod._SignalWriter.add
+    monkeypatch.setattr(audio_mod._SignalWriter, "add", lambda self, y: (sizes.append(y.size), add(self, y)))
+    decoded = read_audio(path)
+    assert max(sizes) <= audio_mod.DECODE_BLOCK + 1024 and sum(sizes) >= decoded.samples.size
+    np.testing.assert_array_equal(decoded.samples, prepare_audio(x, rate))
+
+
+def test_many_channels_are_decoded_in_bounded_blocks(tmp_path, monkeypatch):
+    path = tmp_path / "many.wav"
+    rng = np.random.default_rng(7)
+    x = (0.1 * rng.standard_normal((20000, 64))).astype(np.float32)
+    sf.write(path, x, 16000, subtype="FLOAT")
+    sizes = []
+    source = audio_mod._soundfile_source
+
+    def recorded(*args):
+        s = source(*args)
+        blocks = s.blocks
+        s.blocks = (sizes.append(b.size) or b for b in blocks)
+        return s
+
+    monkeypatch.setattr(audio_mod, "_soundfile_source", recorded)
+    got = load_audio(path)
+    assert max(sizes) <= 8 * audio_mod.DECODE_BLOCK and sum(sizes) == x.size
+    np.testing.assert_allclose(got, x.mean(axis=1), atol=1e-7)
