@@ -9,8 +9,9 @@ when it exceeds full scale) is applied as samples are read.
 
 Anything but a regular file is refused before it is opened, and a sample rate outside
 MIN_SAMPLE_RATE..MAX_SAMPLE_RATE before anything is decoded; a file that decodes to clearly less than
-its header states is kept, with a warning naming both durations; native decoders' chatter on stderr
-is captured and turned into our own message.
+its header states is kept, with a warning naming both durations; a WAV whose data chunk states a size of
+0 (a recorder that stopped before writing it) is read to the end of the file; native decoders' chatter
+on stderr is captured and turned into our own message.
 """
 
 from __future__ import annotations
@@ -314,17 +315,57 @@ def _wav_declared_frames(header: _WavHeader | None) -> int | None:
     return header.data_size // header.block_align
 
 
-def _sound_input(path: str, f: BinaryIO) -> tuple[BinaryIO, _WavHeader | None]:
+def _looks_like_chunk(head: bytes, room: int) -> bool:
+    """Whether 8 bytes are a RIFF chunk header (four ASCII characters, a size that fits in `room`)."""
+    if len(head) < 8 or not all(0x20 <= c < 0x7F for c in head[:4]) or not head[:1].isalnum():
+        return False
+    return 8 + struct.unpack("<I", head[4:8])[0] <= room
+
+
+class _PatchedFile:
+    """A read-only view of an open file with a few bytes replaced, for libsndfile's virtual I/O."""
+
+    def __init__(self, f: BinaryIO, offset: int, data: bytes):
+        self.fd, self.offset, self.data = f.fileno(), offset, data
+        self.size, self.pos = os.fstat(self.fd).st_size, 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else n
+        out = bytearray(os.pread(self.fd, n, self.pos))
+        lo, hi = max(self.pos, self.offset), min(self.pos + len(out), self.offset + len(self.data))
+        if lo < hi:
+            out[lo - self.pos : hi - self.pos] = self.data[lo - self.offset : hi - self.offset]
+        self.pos += len(out)
+        return bytes(out)
+
+
+def _sound_input(path: str, f: BinaryIO) -> tuple[BinaryIO | _PatchedFile, _WavHeader | None]:
     """What to hand libsndfile for an open file, and its WAVE header when it has one.
 
     An implausible sample rate in a WAVE header is an AudioError before anything is decoded (libsndfile
-    refuses 0 Hz with an unrelated message, and accepts 1 Hz).
+    refuses 0 Hz with an unrelated message, and accepts 1 Hz). A RIFF data chunk stating 0 bytes with
+    samples after it, as a recorder that stopped before writing the size leaves it, is read to the end of
+    the file: libsndfile is shown the size 0xFFFFFFFF, which it already reads that way (as ffmpeg does
+    both). Nothing or another chunk after it is a WAV that really is empty.
     """
     header = _wav_header(f)
     if header is None:
         return f, None
     if header.rate is not None and (problem := sample_rate_problem(header.rate)) is not None:
         raise _RateRefused(path, problem)
+    if header.riff == b"RIFF" and header.data_size == 0 and header.block_align > 0:
+        room = os.fstat(f.fileno()).st_size - header.data_offset
+        after = os.pread(f.fileno(), 8, header.data_offset)
+        if room >= header.block_align and not _looks_like_chunk(after, room):
+            return _PatchedFile(f, header.data_offset - 4, struct.pack("<I", 0xFFFFFFFF)), header
     return f, header
 
 

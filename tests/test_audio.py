@@ -776,3 +776,48 @@ def test_many_channels_are_decoded_in_bounded_blocks(tmp_path, monkeypatch):
     got = load_audio(path)
     assert max(sizes) <= 8 * audio_mod.DECODE_BLOCK and sum(sizes) == x.size
     np.testing.assert_allclose(got, x.mean(axis=1), atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    """A real WAV (espeak-ng's, 22.05 kHz 16-bit) and what reading it gives."""
+    path = tmp_path_factory.mktemp("unsized") / "speech.wav"
+    cmd = ["espeak-ng", "-w", str(path), "Recorded until the battery ran out."]
+    subprocess.run(cmd, check=True, capture_output=True)
+    data = path.read_bytes()
+    assert data[:4] == b"RIFF" and data[36:40] == b"data"  # 44-byte header: sizes at 4 and 40
+    return path, read_audio(path)
+
+
+@pytest.mark.parametrize(
+    "fields, tail",
+    [
+        ({40: 0}, b""),  # a recorder that stopped before writing the sizes
+        ({4: 0, 40: 0}, b""),
+        ({4: 0xFFFFFFFF, 40: 0xFFFFFFFF}, b""),  # a streaming writer
+        ({4: 0}, b""),
+        ({40: 0}, b"\x01"),  # cut inside a sample: the whole frames are read
+    ],
+)
+def test_wav_whose_header_states_no_length_is_read_to_the_end(recording, tmp_path, fields, tail):
+    source, want = recording
+    path = tmp_path / "unsized.wav"
+    wav_with(path, fields, source=source)
+    path.write_bytes(path.read_bytes() + tail)
+    got = read_audio(path)
+    np.testing.assert_array_equal(got.samples, want.samples)
+    assert got.seconds == want.seconds and got.seconds > 2.0
+    assert not got.truncated and got.warnings == []
+    assert probe_seconds(path) == want.seconds
+
+
+def test_wav_stating_no_length_with_only_a_chunk_after_it_is_empty(tmp_path):
+    path = tmp_path / "empty.wav"
+    sf.write(path, np.zeros((0, 1), np.float32), 16000, subtype="PCM_16")
+    info = b"INFOISFT\x06\x00\x00\x00mlxasr"
+    data = bytearray(path.read_bytes() + b"LIST" + struct.pack("<I", len(info)) + info)
+    struct.pack_into("<I", data, 4, len(data) - 8)
+    path.write_bytes(bytes(data))
+    with pytest.raises(AudioError) as error:
+        read_audio(path)
+    assert str(error.value) == f"{path}: contains no audio samples"
