@@ -698,9 +698,14 @@ def test_implausible_wav_sample_rate_is_refused_by_name(tmp_path, rate):
     assert probe_seconds(path) is None
 
 
-def test_implausible_rate_in_other_formats_is_refused(tmp_path):
-    path = tmp_path / "slow.au"
-    sf.write(path, np.zeros(4000, np.float32), 500, format="AU")
+@pytest.mark.parametrize("ext", ["au", "mkv"])  # read by libsndfile, by ffmpeg
+def test_implausible_rate_in_other_formats_is_refused(tmp_path, ext):
+    path = tmp_path / f"slow.{ext}"
+    if ext == "au":
+        sf.write(path, np.zeros(4000, np.float32), 500, format="AU")
+    else:
+        cmd = ["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i", "sine=f=100:r=500:d=2"]
+        subprocess.run([*cmd, "-c:a", "pcm_s16le", str(path)], check=True)
     with pytest.raises(AudioError) as info:
         read_audio(path)
     assert str(info.value) == f"{path}: implausible sample rate 500 Hz (accepted: 1000 to 768000 Hz)"
