@@ -36,11 +36,13 @@ from mlx_qwen3asr import __version__
 from mlx_qwen3asr.audio import AudioError
 from mlx_qwen3asr.batch import (
     Job,
+    OutputClash,
     TranscribeOptions,
     estimate_duration,
     existing_outputs,
     find_inputs,
     is_silent,
+    output_problem,
     outputs_older_than_input,
     plan_jobs,
     prepare_output_folder,
@@ -86,7 +88,8 @@ WORDS_PER_LINE_RANGE = (1, 100)
 DESCRIPTION = """\
 Transcribe audio and video files with Qwen3-ASR on MLX. Folders are searched recursively
 (hidden files skipped). Each output goes beside its input, named like the input without its
-extension ("talk.m4a" -> "talk.srt"), or under --output-dir mirroring the folder tree.
+extension ("talk.m4a" -> "talk.srt"), or under --output-dir: each folder argument under its own
+name mirroring its tree ("rec/a/b.wav" -> "DIR/rec/a/b.srt"), each file argument at the top.
 Files whose outputs all exist are skipped, so an interrupted run resumes."""
 
 EPILOG = f"""\
@@ -104,11 +107,12 @@ existing outputs:
 exit status:
   {EXIT_OK}    every file was transcribed, or skipped because its outputs exist
   {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, FIFO or device,
-       output folder not writable); the other files were still processed, the summary lists the
-       failures
+       output folder not writable, output name too long or taken by a folder); the other files
+       were still processed, the summary lists the failures
   {EXIT_USAGE}    usage error (bad option, unknown --language, unreadable --context-file, none of
-       the PATHs exists), no output folder can be written, the model could not be loaded, or it
-       is a forced aligner rather than a speech recognition model; nothing is written
+       the PATHs exists, files of two PATHs with the same output path), no output folder can be
+       written, the model could not be loaded, or it is a forced aligner rather than a speech
+       recognition model; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
        are left, and rerunning resumes ({EXIT_TERMINATED} for SIGTERM)
 
@@ -233,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir",
         type=Path,
         metavar="DIR",
-        help="write outputs under DIR, mirroring the tree below each folder argument (default: beside inputs)",
+        help="write outputs under DIR: a folder argument as DIR/<its name>/<its tree>, a file argument at the top "
+        "(default: beside inputs)",
     )
     out.add_argument(
         "--overwrite",
@@ -635,9 +640,13 @@ class _Plan:
     skip: bool = False  # every requested output exists: not transcribed
     stale: bool = False  # skipped although the input changed after some of its outputs
     replace: list[Path] = field(default_factory=list)  # existing outputs replaced (--overwrite)
+    problem: str | None = None  # why its outputs cannot be written: the file fails, untranscribed
 
 
 def _plan(job: Job, overwrite: bool) -> _Plan:
+    problem = output_problem(job)
+    if problem is not None:
+        return _Plan(job, [], problem=problem)
     existing = [job.outputs[fmt] for fmt in existing_outputs(job)]
     if overwrite:
         return _Plan(job, [], replace=existing)
@@ -657,6 +666,9 @@ def _dry_run(plans: list[_Plan], input_errors: int, report: Reporter, out: TextI
     kept = 0
     for plan in plans:
         job = plan.job
+        if plan.problem is not None:
+            report.write(out, f"fail: {job.path}: {plan.problem}")
+            continue
         if plan.skip:
             why = "outputs exist but are older than it; use --overwrite" if plan.stale else "outputs exist"
             report.write(out, f"skip ({why}): {job.path} -> {_paths(list(job.outputs.values()))}")
@@ -668,12 +680,14 @@ def _dry_run(plans: list[_Plan], input_errors: int, report: Reporter, out: TextI
         if plan.replace:
             line += f"; replacing existing {_paths(plan.replace)}"
         report.write(out, line)
-    todo = sum(not plan.skip for plan in plans)
-    line = f"dry run: {todo} to transcribe, {len(plans) - todo} skipped, {input_errors} failed"
+    todo = sum(not plan.skip and plan.problem is None for plan in plans)
+    failed = input_errors + sum(plan.problem is not None for plan in plans)
+    skipped = sum(plan.skip for plan in plans)
+    line = f"dry run: {todo} to transcribe, {skipped} skipped, {failed} failed"
     if kept:
         line += f", {kept} existing output(s) kept"
     report.write(out, line)
-    return EXIT_FAILED if input_errors else EXIT_OK
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _prepare_folders(
@@ -694,6 +708,8 @@ def _prepare_folders(
     ready = []
     for job in todo:
         reason = next((problems[p.parent] for p in job.outputs.values() if p.parent in problems), None)
+        # Looked at again now that the folders exist: one made for other files may take an output's name.
+        reason = reason or output_problem(job)
         if reason is None:
             ready.append(job)
         else:
@@ -759,10 +775,19 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
     if not inputs:
         report.warning("no audio or video files found in " + ", ".join(map(str, args.paths)))
 
-    plans = [_plan(job, args.overwrite) for job in plan_jobs(inputs, formats, args.output_dir)]
+    try:
+        jobs = plan_jobs(inputs, formats, args.output_dir)
+    except OutputClash as e:
+        parser.error(_printable(str(e)))
+    plans = [_plan(job, args.overwrite) for job in jobs]
     if args.dry_run:
         return _dry_run(plans, len(input_errors), report, out)
 
+    for plan in plans:
+        if plan.problem is not None:
+            summary.failed.append((str(plan.job.path), plan.problem))
+            report.error(f"{plan.job.path}: {plan.problem}")
+    plans = [plan for plan in plans if plan.problem is None]
     todo = [plan.job for plan in plans if not plan.skip]
     skipped = [plan for plan in plans if plan.skip]
     summary.skipped = len(skipped)
@@ -916,6 +941,9 @@ def _finish_one(
     """Write one transcribed file's outputs; returns why the file failed, or None."""
     if res.error is not None:
         return _failure(res.error)
+    problem = output_problem(job)  # what took an output's name while the file was transcribed
+    if problem is not None:
+        return problem
     try:
         written = write_outputs(
             job,
@@ -928,6 +956,11 @@ def _finish_one(
         )
     except Exception as e:  # a failure in one file must not end the batch
         return _failure(e)
+    # A folder or other non-regular file that appeared in an output's place at the last moment is no
+    # output kept: the file has no transcript there.
+    taken = next((p for p in written.kept if not os.path.isfile(p)), None)
+    if taken is not None:
+        return f"output {taken} is not a regular file"
     if written.kept:
         summary.kept += len(written.kept)
         report.info(f"kept existing {_paths(written.kept)} ({_use_overwrite(written.kept)})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +21,22 @@ from .decode import not_regular_reason, probe_seconds
 from .result import Transcription
 from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS
 from .subtitles import Cue, CueOptions, build_cues
-from .writers import FORMATS, atomic_write_files, probe_folder, remove_stale_temporaries, render
+from .writers import (
+    FORMATS,
+    atomic_write_files,
+    name_max,
+    probe_folder,
+    remove_stale_temporaries,
+    render,
+    temp_name,
+)
 
 __all__ = [
     "InputError",
     "InputFile",
     "Job",
     "JobResult",
+    "OutputClash",
     "TranscribeOptions",
     "estimate_duration",
     "existing_outputs",
@@ -34,6 +44,8 @@ __all__ = [
     "is_audio_name",
     "is_silent",
     "is_up_to_date",
+    "mirror_name",
+    "output_problem",
     "outputs_older_than_input",
     "output_stem",
     "plan_jobs",
@@ -47,6 +59,8 @@ __all__ = [
 SILENCE_PEAK = 1e-4
 # Bytes per second assumed for a compressed file whose length cannot be read cheaply (128 kbit/s).
 _ASSUMED_BYTES_PER_SECOND = 16_000
+# The longest path the system takes, with its terminating NUL (PATH_MAX of Linux; macOS takes 1024).
+_PATH_MAX = 1024 if sys.platform == "darwin" else 4096
 
 
 @dataclass(frozen=True)
@@ -94,19 +108,27 @@ def _stat_reason(path: str | os.PathLike[str], e: OSError) -> str:
     return _reason(e)
 
 
+def _preference(inp: InputFile) -> tuple[bool, int, bytes]:
+    # A file reached several ways is listed where it sorts first: found in a folder before named on
+    # its own, by the outermost folder argument (longest path below it), then by path.
+    return inp.root is None, -len(inp.relative.parts), os.fsencode(inp.path)
+
+
 class _Finder:
     def __init__(self) -> None:
-        self.files: list[InputFile] = []
+        # By real identity, in the order first reached; which way it is listed does not depend on the
+        # order of the arguments (see _preference), so neither do its output names.
+        self.files: dict[tuple[int, int], InputFile] = {}
         self.errors: list[InputError] = []
-        self.seen_files: set[tuple[int, int]] = set()
-        # Real identities of walked folders: a symlink loop or a folder reached twice is walked once.
+        # Real identities of the folders walked for the current argument: a symlink loop or a folder
+        # reached twice is walked once.
         self.seen_dirs: set[tuple[int, int]] = set()
 
     def add_file(self, path: Path, st: os.stat_result, root: Path | None) -> None:
         key = (st.st_dev, st.st_ino)
-        if key not in self.seen_files:
-            self.seen_files.add(key)
-            self.files.append(InputFile(path, root))
+        found = InputFile(path, root)
+        if key not in self.files or _preference(found) < _preference(self.files[key]):
+            self.files[key] = found
 
     def walk(self, folder: Path, root: Path) -> None:
         try:
@@ -152,9 +174,10 @@ class _Finder:
             self.errors.append(InputError(os.fspath(arg), _stat_reason(path, e)))
             return
         if stat.S_ISDIR(st.st_mode):
-            if (st.st_dev, st.st_ino) not in self.seen_dirs:
-                self.seen_dirs.add((st.st_dev, st.st_ino))
-                self.walk(path, path)
+            # Every folder argument is walked whole, even one inside another: where its files are
+            # listed must not depend on which argument came first.
+            self.seen_dirs = {(st.st_dev, st.st_ino)}
+            self.walk(path, path)
         elif stat.S_ISREG(st.st_mode):
             # Named explicitly: attempted whatever its extension, and fails cleanly if it is not audio.
             self.add_file(path, st, None)
@@ -168,7 +191,8 @@ def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[InputFile
     recursively in sorted name order.
 
     Hidden files and folders (leading dot) are skipped inside folders; a file reached twice (named
-    twice, through a link, inside two arguments) is listed once. Paths that do not exist or cannot be
+    twice, through a link, inside two arguments) is listed once, whatever the order of the arguments:
+    found in a folder rather than named on its own, under the outermost folder argument. Paths that do not exist or cannot be
     read come back as errors, and so do FIFOs, sockets and devices named as arguments or carrying an
     audio extension inside a folder (they are never opened); other files without an audio extension
     inside folders are passed over.
@@ -176,7 +200,7 @@ def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[InputFile
     finder = _Finder()
     for arg in paths:
         finder.add_argument(arg)
-    return finder.files, finder.errors
+    return list(finder.files.values()), finder.errors
 
 
 def output_stem(name: str) -> str:
@@ -192,10 +216,15 @@ def output_stem(name: str) -> str:
 class Job:
     input: InputFile
     outputs: dict[str, Path]  # format -> output path, in FORMATS order
+    problem: str | None = None  # why the outputs cannot be written, found while planning
 
     @property
     def path(self) -> Path:
         return self.input.path
+
+
+class OutputClash(ValueError):
+    """Two inputs from different arguments would be written to the same output path."""
 
 
 def _key(path: Path) -> str:
@@ -203,14 +232,34 @@ def _key(path: Path) -> str:
     return os.path.normcase(os.path.abspath(path)).casefold()
 
 
+def mirror_name(folder: str | os.PathLike[str]) -> str:
+    """The name a folder argument is mirrored under in an output folder: its last component
+    ("./recordings/" -> "recordings", "." -> the current folder's name; "" for the root)."""
+    return os.path.basename(os.path.abspath(folder))
+
+
+def _output_folder(inp: InputFile, out_root: Path | None) -> Path:
+    if out_root is None:
+        return inp.path.parent
+    if inp.root is None:
+        return out_root
+    return out_root / mirror_name(inp.root) / inp.relative.parent
+
+
 def plan_jobs(
     inputs: Sequence[InputFile],
     formats: Iterable[str],
     output_dir: str | os.PathLike[str] | None = None,
 ) -> list[Job]:
-    """Output paths for each input: beside it, or under output_dir mirroring the tree below the folder
-    argument it came from. Two inputs that would share an output name keep their extension
-    ("a.wav.srt", "a.mp3.srt"); if that still collides, a counter is added ("a (2).srt").
+    """Output paths for each input: beside it, or under output_dir.
+
+    Under output_dir, a file named as an argument is written at its top ("talk.m4a" -> "DIR/talk.txt")
+    and a folder argument is mirrored under its own name ("rec/a/b.wav" from the argument "rec" ->
+    "DIR/rec/a/b.txt"), so an output's path depends on its input and the argument that reached it,
+    never on the order of the arguments. Two inputs that would share an output name keep their
+    extension ("a.wav.srt", "a.mp3.srt"); if that still collides, a counter is added ("a (2).srt") to
+    the later of two files found in the same folder argument, and OutputClash is raised for files of
+    different arguments. A job whose output path another job needs as a folder carries a problem.
     """
     requested = set(formats)
     fmts = [f for f in FORMATS if f in requested]
@@ -218,11 +267,14 @@ def plan_jobs(
     if unknown:
         raise ValueError(f"unknown output format(s) {', '.join(sorted(unknown))}: use {', '.join(FORMATS)}")
     out_root = Path(output_dir) if output_dir is not None else None
-    folders = [inp.path.parent if out_root is None else out_root / inp.relative.parent for inp in inputs]
+    folders = [_output_folder(inp, out_root) for inp in inputs]
     taken_by_inputs = {_key(inp.path) for inp in inputs}
 
     def paths(folder: Path, stem: str) -> list[Path]:
         return [folder / f"{stem}.{fmt}" for fmt in fmts]
+
+    def argument(inp: InputFile) -> Path:
+        return inp.root if inp.root is not None else inp.path
 
     stems = [output_stem(inp.path.name) for inp in inputs]
     groups: dict[str, list[int]] = {}
@@ -235,22 +287,94 @@ def plan_jobs(
             for i, name in zip(members, names):
                 stems[i] = name
 
-    used: set[str] = set(taken_by_inputs)
-    jobs: list[Job] = []
-    for inp, folder, stem in zip(inputs, folders, stems):
+    used: dict[str, int | None] = dict.fromkeys(taken_by_inputs)  # output key -> the input that has it
+    chosen: dict[int, list[Path]] = {}
+    # Names are handed out in path order, so that a counter never depends on the order of the arguments.
+    for i in sorted(range(len(inputs)), key=lambda i: os.fsencode(inputs[i].path)):
+        inp, folder, stem = inputs[i], folders[i], stems[i]
         candidate, n = stem, 1
-        while any(_key(p) in used for p in paths(folder, candidate)):
+        while True:
+            owners = [used[k] for k in map(_key, paths(folder, candidate)) if k in used]
+            if not owners:
+                break
+            other = next((inputs[j] for j in owners if j is not None), None)
+            if n == 1 and other is not None and argument(other) != argument(inp):
+                raise OutputClash(
+                    f"{other.path} and {inp.path} would both be written to {paths(folder, candidate)[0]}"
+                    + (" (give them different output folders)" if out_root is not None else "")
+                )
             n += 1
             candidate = f"{stem} ({n})"
-        chosen = paths(folder, candidate)
-        used.update(_key(p) for p in chosen)
-        jobs.append(Job(inp, dict(zip(fmts, chosen))))
+        chosen[i] = paths(folder, candidate)
+        used.update((_key(p), i) for p in chosen[i])
+    jobs = [Job(inp, dict(zip(fmts, chosen[i]))) for i, inp in enumerate(inputs)]
+    if out_root is not None:
+        # A mirrored folder named like another file's output ("a.txt/" beside "a.wav"): the folder
+        # is made for the files below it, and the file whose output it takes fails.
+        needed: dict[str, Job] = {}
+        for job in jobs:
+            for path in job.outputs.values():
+                folder = path.parent
+                while len(folder.parts) > len(out_root.parts):
+                    needed.setdefault(_key(folder), job)
+                    folder = folder.parent
+        for job in jobs:
+            for path in job.outputs.values():
+                other = needed.get(_key(path))
+                if other is not None and job.problem is None:
+                    job.problem = f"output {path} is the folder that the outputs of {other.path} go to"
     return jobs
 
 
 def existing_outputs(job: Job) -> list[str]:
     """The formats of job whose output path is taken (by a file, a folder, a link even if broken)."""
     return [fmt for fmt, path in job.outputs.items() if os.path.lexists(path)]
+
+
+def _name_problem(path: Path) -> str | None:
+    """Why the file system cannot take an output's name, or that of the temporary file it is
+    written to first (see writers.temp_name), or None."""
+    limit = name_max(path.parent)
+    size = len(os.fsencode(path.name))
+    if size > limit:
+        return f"output name {path.name} is too long ({size} bytes; the file system takes {limit})"
+    temporary = temp_name(path.name, limit)
+    if len(os.fsencode(temporary)) > limit:
+        return f"output name {path.name} leaves no room for a temporary name ({limit} bytes at most)"
+    if len(os.fsencode(os.path.join(path.parent, temporary))) >= _PATH_MAX:
+        return f"output path {path} is too long (the system takes {_PATH_MAX - 1} bytes)"
+    return None
+
+
+def _taken_problem(path: Path) -> str | None:
+    """Why an existing output path cannot hold an output (a folder, a FIFO, a broken link), or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"output {path} is a broken symbolic link" if os.path.islink(path) else None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"output {path}: symbolic link loop"
+        return None  # a folder that cannot be read or made is told by prepare_output_folder
+    reason = not_regular_reason(st.st_mode)
+    return None if reason is None else f"output {path} {reason}"
+
+
+def output_problem(job: Job) -> str | None:
+    """Why job's outputs cannot be written, or None: an output path that another file's outputs need
+    as a folder, an output name too long for the file system (checked with the name of the temporary
+    file each is written to first), or an output path taken by something that is not a regular file.
+
+    Checked before the model is loaded, so that such a file fails at once rather than after it is
+    transcribed, or is taken for done.
+    """
+    if job.problem is not None:
+        return job.problem
+    for path in job.outputs.values():
+        reason = _name_problem(path) or _taken_problem(path)
+        if reason is not None:
+            return reason
+    return None
 
 
 def _stats(job: Job) -> tuple[int, list[os.stat_result | None]] | None:

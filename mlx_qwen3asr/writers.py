@@ -22,9 +22,11 @@ from .transcribe import Transcription
 
 __all__ = [
     "FORMATS",
+    "NAME_MAX",
     "TEMP_PATTERN",
     "atomic_write_files",
     "atomic_write_text",
+    "name_max",
     "probe_folder",
     "render",
     "render_json",
@@ -45,8 +47,8 @@ TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<token>[0-
 # A temporary file lives for the seconds between writing and renaming it; one older than this whose
 # process is gone was left by a run that was killed.
 STALE_SECONDS = 60.0
-# Room left in a 255-byte file name for the dot, the pid, the random part and the suffix.
-_NAME_BYTES = 200
+# The longest file name in bytes where the file system does not say (NAME_MAX of most file systems).
+NAME_MAX = 255
 # Errors with which os.link says that the file system has no hard links.
 _NO_HARD_LINKS = frozenset(
     e
@@ -240,18 +242,35 @@ def _new_file_mode(path: Path) -> int:
         return 0o666 & ~mask
 
 
-def temp_name(target_name: str) -> str:
-    """A fresh name for one of our temporary files beside a file called target_name."""
+def name_max(folder: str | os.PathLike[str]) -> int:
+    """The longest file name, in bytes, that the file system of folder takes (folder, or the nearest
+    folder above it that exists; NAME_MAX where the system does not say)."""
+    probe = Path(os.path.abspath(folder))
+    while not os.path.isdir(probe) and probe != probe.parent:
+        probe = probe.parent
+    try:
+        limit = os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
+    return limit if isinstance(limit, int) and limit > 0 else NAME_MAX
+
+
+def temp_name(target_name: str, limit: int = NAME_MAX) -> str:
+    """A fresh name for one of our temporary files beside a file called target_name, at most limit
+    bytes long: the target's name is shortened to make room for the rest."""
+    tail = f".mlxasr-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    room = limit - 1 - len(tail)
     name = target_name
-    while len(os.fsencode(name)) > _NAME_BYTES:
+    while len(os.fsencode(name)) > room and len(name) > 1:
         name = name[:-1]
-    return f".{name}.mlxasr-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    return f".{name}{tail}"
 
 
 def _create_temp(folder: Path, target_name: str, mode: int = 0o600) -> tuple[int, Path]:
     """Create a new temporary file (never an existing one) in folder; returns its descriptor and path."""
+    limit = name_max(folder)
     for _ in range(100):
-        tmp = folder / temp_name(target_name)
+        tmp = folder / temp_name(target_name, limit)
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode), tmp
         except FileExistsError:

@@ -172,7 +172,12 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     assert main(args) == 1
     cap = capsys.readouterr()
     out = Path("out")
-    expected = ["a talk", "meeting.2024.01", "nested/deeper/ünïcödé 音声", "nested/same", "other/same"]
+    # The folder argument is mirrored under its own name; "good/a talk.wav", named on its own too, is
+    # transcribed once, in its place in the mirrored tree.
+    expected = [
+        f"good/{stem}"
+        for stem in ["a talk", "meeting.2024.01", "nested/deeper/ünïcödé 音声", "nested/same", "other/same"]
+    ]
     for stem in expected:
         check_outputs(out / stem)
     made = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
@@ -181,7 +186,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     assert not list(Path("good").rglob("*.srt")) and not list(Path("bad").rglob("*.txt"))
     assert temporaries(out) == []
     # The 8 s file was cut into several segments, and its JSON records the options used.
-    doc = json.loads((out / "nested/deeper/ünïcödé 音声.json").read_text(encoding="utf-8"))
+    doc = json.loads((out / "good/nested/deeper/ünïcödé 音声.json").read_text(encoding="utf-8"))
     assert len(doc["segments"]) >= 2 and doc["options"]["max_segment_seconds"] == 4.0
     assert doc["model"] == ckpt and doc["source"] == str(Path("good/nested/deeper/ünïcödé 音声.flac"))
 
@@ -194,7 +199,8 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
             f"error: {bad['zero']}: contains no audio samples",
         ]
     )
-    assert "not an audio file" in errors_for(cap.err, bad["corrupt"])
+    # Random format bytes: refused as no audio, or for the sample rate they happen to state.
+    assert re.search(r"not an audio file|implausible sample rate", errors_for(cap.err, bad["corrupt"]))
     assert "not an audio file" in errors_for(cap.err, bad["text"])
     assert "summary: 5 transcribed, 0 skipped, 4 failed" in cap.out
     for path in bad.values():
@@ -218,26 +224,30 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     assert snapshot(out) == before
 
     # An interrupted file (some outputs missing) is finished: only the missing output is written.
-    Path("out/other/same.vtt").unlink()
+    Path("out/good/other/same.vtt").unlink()
     assert main(["good", "-o", "out", *ALL, "--model", ckpt]) == 0
     cap = capsys.readouterr()
     assert "summary: 1 transcribed, 4 skipped, 0 failed, 3 existing output(s) kept" in cap.out
     after = snapshot(out)
-    assert {k: v for k, v in after.items() if k != "other/same.vtt"} == {
-        k: v for k, v in before.items() if k != "other/same.vtt"
-    }
-    assert after["other/same.vtt"][1] == before["other/same.vtt"][1]  # the same transcription again
-    check_outputs(out / "other" / "same")
+    vtt = "good/other/same.vtt"
+    assert {k: v for k, v in after.items() if k != vtt} == {k: v for k, v in before.items() if k != vtt}
+    assert after[vtt][1] == before[vtt][1]  # the same transcription again
+    check_outputs(out / "good" / "other" / "same")
 
     # --overwrite redoes a file whose outputs exist.
-
-    assert main(["good/a talk.wav", "-o", "out", *ALL, "--model", ckpt, "--overwrite"]) == 0
-    assert "summary: 1 transcribed, 0 skipped, 0 failed" in capsys.readouterr().out
+    assert main(["good", "-o", "out", "--txt", "--json", "--model", ckpt, "--overwrite"]) == 0
+    assert "summary: 5 transcribed, 0 skipped, 0 failed" in capsys.readouterr().out
     final = snapshot(out)
-    for ext in ("srt", "vtt", "json", "txt"):
-        assert final[f"a talk.{ext}"][0] > before[f"a talk.{ext}"][0]
-    assert final["nested/same.srt"] == before["nested/same.srt"]
-    check_outputs(out / "a talk")
+    for ext in ("json", "txt"):
+        assert final[f"good/a talk.{ext}"][0] > before[f"good/a talk.{ext}"][0]
+    assert final["good/nested/same.srt"] == before["good/nested/same.srt"]
+    check_outputs(out / "good" / "a talk")
+
+    # A file named on its own is written at the top of the output folder.
+    assert main(["good/a talk.wav", "-o", "out", "--txt", "--model", ckpt]) == 0
+    assert (out / "a talk.txt").read_text(encoding="utf-8") == (out / "good/a talk.txt").read_text(
+        encoding="utf-8"
+    )
 
 
 def errors_for(stderr: str, path: Path) -> str:
@@ -550,16 +560,68 @@ def test_plan_mirrors_folders_and_disambiguates(tmp_path):
         for j in jobs
     ]
     assert got == [
-        ("a/Y.mp3", ["Y.mp3.txt", "Y.mp3.srt"]),
-        ("a/sub/x.wav", ["sub/x.txt", "sub/x.srt"]),
-        ("a/x.wav", ["x.txt", "x.srt"]),
-        ("a/y.wav", ["y.wav.txt", "y.wav.srt"]),
-        ("b/x.wav", ["x (2).txt", "x (2).srt"]),
+        ("a/Y.mp3", ["a/Y.mp3.txt", "a/Y.mp3.srt"]),
+        ("a/sub/x.wav", ["a/sub/x.txt", "a/sub/x.srt"]),
+        ("a/x.wav", ["a/x.txt", "a/x.srt"]),
+        ("a/y.wav", ["a/y.wav.txt", "a/y.wav.srt"]),
+        ("b/x.wav", ["b/x.txt", "b/x.srt"]),
     ]
     beside = plan_jobs(files, ["txt"])
     assert [j.outputs["txt"] for j in beside][:3] == [a / "Y.mp3.txt", a / "sub" / "x.txt", a / "x.txt"]
     with pytest.raises(ValueError):
         plan_jobs(files, ["docx"])
+
+
+def test_output_paths_do_not_depend_on_the_order_of_the_arguments(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for folder, seed in (("A", 1), ("B", 2)):
+        write_audio(Path(folder) / "x.wav", 1.5, seed)
+        write_audio(Path(folder) / "sub" / "y.wav", 1.5, seed + 10)
+    runs = {}
+    for order in (["A", "B"], ["B", "A"]):
+        out = Path("out-" + "".join(order))
+        assert main([*order, "-o", str(out), "--json", "--model", ckpt]) == 0
+        runs[out] = {str(p.relative_to(out)): json.loads(p.read_text()) for p in out.rglob("*.json")}
+    first, second = runs.values()
+    assert sorted(first) == sorted(second) == ["A/sub/y.json", "A/x.json", "B/sub/y.json", "B/x.json"]
+    for name in first:  # each output holds its own file's transcript, in both runs
+        assert first[name]["source"] == second[name]["source"] == name.removesuffix(".json") + ".wav"
+        assert first[name]["text"] == second[name]["text"]
+    capsys.readouterr()
+
+
+def test_arguments_whose_outputs_would_share_a_path_are_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_main, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    for name in ("A/x.wav", "B/x.wav", "p/rec/a.wav", "q/rec/a.wav"):
+        write_audio(Path(name), 1.0, 1)
+    for args, message in (
+        (["A/x.wav", "B/x.wav"], "A/x.wav and B/x.wav would both be written to out/x.txt"),
+        (["B/x.wav", "A/x.wav"], "A/x.wav and B/x.wav would both be written to out/x.txt"),
+        (["q/rec", "p/rec"], "p/rec/a.wav and q/rec/a.wav would both be written to out/rec/a.txt"),
+    ):
+        assert main([*args, "-o", "out"]) == 2
+        err = capsys.readouterr().err
+        assert f"mlxasr: error: {message} (give them different output folders)\n" in err, err
+        assert not Path("out").exists()
+    # Beside their inputs they cannot clash.
+    assert main(["A/x.wav", "B/x.wav", "--dry-run"]) == 0
+    assert "A/x.wav -> A/x.txt" in capsys.readouterr().out
+
+
+def test_a_file_reached_by_two_arguments_is_placed_whatever_their_order(tmp_path):
+    a = tmp_path / "a"
+    for p in [a / "x.wav", a / "sub" / "y.wav"]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    out = tmp_path / "out"
+    plans = []
+    for order in ([a, a / "sub", a / "sub" / "y.wav"], [a / "sub" / "y.wav", a / "sub", a]):
+        files, errors = find_inputs(order)
+        assert errors == []
+        jobs = plan_jobs(files, ["txt"], out)
+        plans.append(sorted((str(j.path), str(j.outputs["txt"].relative_to(out))) for j in jobs))
+    assert plans[0] == plans[1] == [(str(a / "sub" / "y.wav"), "a/sub/y.txt"), (str(a / "x.wav"), "a/x.txt")]
 
 
 def test_up_to_date_needs_every_output_newer_than_the_input(tmp_path):

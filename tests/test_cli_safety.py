@@ -224,7 +224,7 @@ def test_a_read_only_output_folder_stops_the_run_before_the_model_loads(
 
     monkeypatch.setattr(os, "open", read_only_open)
     try:
-        status = main([str(tmp_path / "in"), "--srt", "-o", str(locked), "--model", "unused"])
+        status = main([str(a), str(b), "--srt", "-o", str(locked), "--model", "unused"])
     finally:
         locked.chmod(0o755)
     err = capsys.readouterr().err
@@ -250,8 +250,8 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
     good = write_audio(tmp_path / "rec" / "good.wav", 1.0, 1)
     blocked = write_audio(tmp_path / "rec" / "sub" / "blocked.wav", 1.0, 2)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "sub").write_text("a file where the mirrored folder would go\n", encoding="utf-8")
+    (out / "rec").mkdir(parents=True)
+    (out / "rec" / "sub").write_text("a file where the mirrored folder would go\n", encoding="utf-8")
     errors_at_load = []
     real_load = cli_main.load
 
@@ -264,10 +264,10 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
     cap = capsys.readouterr()
     before_load, _ = errors_at_load  # the model, then the aligner (subtitles time their words)
     assert errors_for(before_load, blocked) == (
-        f"cannot create output folder {out / 'sub'} (a file is in the way)"
+        f"cannot create output folder {out / 'rec' / 'sub'} (a file is in the way)"
     )
     assert "error:" not in cap.err
-    assert (out / "good.srt").is_file() and not (out / "sub").is_dir()
+    assert (out / "rec" / "good.srt").is_file() and not (out / "rec" / "sub").is_dir()
     assert f"failed: {blocked}: cannot create output folder" in cap.out
     assert good.exists()
 
@@ -278,6 +278,67 @@ def test_a_bad_model_leaves_no_output_folder_behind(tmp_path, capsys):
     assert main([str(a), "--srt", "-o", str(out / "deep" / "er"), "--model", str(tmp_path / "no-model")]) == 2
     assert capsys.readouterr().err.startswith(f"error: model {tmp_path / 'no-model'}: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
+
+
+def test_an_output_path_taken_by_a_folder_fails_its_file_and_is_never_kept(tmp_path, ckpt, capsys):
+    """in/a.wav and in/a.txt/c.wav mirrored: out/in/a.txt is the folder of c.wav's outputs, so a.wav
+    fails (before the model loads, and again on every rerun) instead of counting as done."""
+    a = write_audio(tmp_path / "in" / "a.wav", 1.0, 1)
+    c = write_audio(tmp_path / "in" / "a.txt" / "c.wav", 1.0, 2)
+    out = tmp_path / "out"
+    for run in range(2):
+        assert main([str(tmp_path / "in"), "-o", str(out), "--model", ckpt]) == 1
+        cap = capsys.readouterr()
+        reason = f"output {out / 'in' / 'a.txt'} is the folder that the outputs of {c} go to"
+        assert errors_for(cap.err, a) == reason
+        assert f"failed: {a}: {reason}" in cap.out and "kept existing" not in cap.out
+        assert f"summary: {1 - run} transcribed, {run} skipped, 1 failed" in cap.out
+        assert (out / "in" / "a.txt" / "c.txt").is_file()
+    assert main([str(tmp_path / "in"), "-o", str(out), "--dry-run"]) == 1
+    assert f"fail: {a}: {reason}" in capsys.readouterr().out
+
+
+def test_an_output_beside_its_input_taken_by_a_folder_or_a_fifo_fails_before_the_model_loads(
+    tmp_path, capsys, no_model
+):
+    rec = tmp_path / "rec"
+    a = write_audio(rec / "a.wav", 1.0, 1)
+    b = write_audio(rec / "b.wav", 1.0, 2)
+    c = write_audio(rec / "c.wav", 1.0, 3)
+    (rec / "a.txt").mkdir()
+    os.mkfifo(rec / "b.txt")
+    (rec / "c.txt").symlink_to(rec / "nowhere.txt")
+    assert main([str(rec)]) == 1
+    cap = capsys.readouterr()
+    assert errors_for(cap.err, a) == f"output {rec / 'a.txt'} is a directory, not a file"
+    assert errors_for(cap.err, b) == f"output {rec / 'b.txt'} is a FIFO, not a regular file"
+    assert errors_for(cap.err, c) == f"output {rec / 'c.txt'} is a broken symbolic link"
+    assert "summary: 0 transcribed, 0 skipped, 3 failed" in cap.out and "kept" not in cap.out
+    assert (rec / "a.txt").is_dir() and list((rec / "a.txt").iterdir()) == []
+
+
+def test_an_output_name_too_long_for_the_file_system_fails_before_the_model_loads(tmp_path, ckpt, capsys):
+    long = write_audio(tmp_path / ("x" * 251 + ".wav"), 1.0, 1)  # a 255-byte name: .json takes 256
+    short = write_audio(tmp_path / "short.wav", 1.0, 2)
+    loaded = []
+    real_load = cli_main.load
+
+    def load(*args, **kwargs):
+        loaded.append(capsys.readouterr().err)
+        return real_load(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli_main, "load", load)
+        assert main([str(long), str(short), "--txt", "--json", "--model", ckpt]) == 1
+    cap = capsys.readouterr()
+    (before_load,) = loaded
+    reason = f"output name {'x' * 251}.json is too long (256 bytes; the file system takes 255)"
+    assert errors_for(before_load, long) == reason
+    assert "summary: 1 transcribed, 0 skipped, 1 failed" in cap.out
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".wav")) == [
+        "short.json",
+        "short.txt",
+    ]
 
 
 # --- 3. temporary files: recognisable, removed, stale ones cleaned --------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -185,4 +186,27 @@ def test_ctrl_c_during_the_renames_is_held_until_the_set_is_complete(tmp_path, m
     finally:
         signal.signal(signal.SIGINT, previous)
     assert a.read_text(encoding="utf-8") == "a\n" and b.read_text(encoding="utf-8") == "b\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_the_temporary_name_fits_wherever_the_final_name_fits(tmp_path, monkeypatch):
+    """On a file system with short names (eCryptfs takes 143 bytes), a file whose name fits is written:
+    its temporary name is shortened to the folder's own limit."""
+    limit = 143
+    real_open = os.open
+
+    def short_names_open(path, flags, *args, **kwargs):
+        if len(os.fsencode(os.path.basename(path))) > limit:
+            raise OSError(errno.ENAMETOOLONG, "File name too long", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(writers.os, "pathconf", lambda path, name: limit)
+    monkeypatch.setattr(writers.os, "open", short_names_open)
+    for stem in ("x" * 138, "音" * 45 + "x"):  # 143 bytes with ".json": ASCII, and 3-byte characters
+        target = tmp_path / f"{stem}.json"
+        assert len(os.fsencode(target.name)) <= limit
+        atomic_write_text(target, "{}\n")
+        assert target.read_text(encoding="utf-8") == "{}\n"
+        name = writers.temp_name(target.name, limit)
+        assert len(os.fsencode(name)) <= limit and writers.TEMP_PATTERN.fullmatch(name)
     assert leftovers(tmp_path) == []
