@@ -331,10 +331,9 @@ def existing_outputs(job: Job) -> list[str]:
     return [fmt for fmt, path in job.outputs.items() if os.path.lexists(path)]
 
 
-def _name_problem(path: Path) -> str | None:
-    """Why the file system cannot take an output's name, or that of the temporary file it is
-    written to first (see writers.temp_name), or None."""
-    limit = name_max(path.parent)
+def _name_problem(path: Path, limit: int) -> str | None:
+    """Why a file system taking names of limit bytes cannot take an output's name, or that of the
+    temporary file it is written to first (see writers.temp_name), or None."""
     size = len(os.fsencode(path.name))
     if size > limit:
         return f"output name {path.name} is too long ({size} bytes; the file system takes {limit})"
@@ -370,8 +369,11 @@ def output_problem(job: Job) -> str | None:
     """
     if job.problem is not None:
         return job.problem
+    limits: dict[Path, int] = {}
     for path in job.outputs.values():
-        reason = _name_problem(path) or _taken_problem(path)
+        if path.parent not in limits:
+            limits[path.parent] = name_max(path.parent)
+        reason = _name_problem(path, limits[path.parent]) or _taken_problem(path)
         if reason is not None:
             return reason
     return None

@@ -763,14 +763,19 @@ def test_the_converter_started_with_closed_standard_streams_converts(tmp_path, c
     assert cli(str(write_audio(tmp_path / "a.wav", 1.5, 1)), "--model", str(dst)).returncode == 0
 
 
-def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt):
+@pytest.mark.parametrize(
+    "command",
+    [["mlx_qwen3asr.cli.main", "serve"], ["mlx_qwen3asr.cli.serve"]],
+    ids=["mlxasr-serve", "module"],
+)
+def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt, command):
     env = {k: v for k, v in os.environ.items() if k != "MLXASR_API_KEY"}
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlx_qwen3asr.cli.main", "serve", "--model", ckpt, "--port", str(port)],
+        [sys.executable, "-m", *command, "--model", ckpt, "--port", str(port)],
         env=env,
         preexec_fn=closing((0, 1, 2)),
     )
