@@ -40,8 +40,17 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_UPLOAD_MB = 25.0
 DEFAULT_MAX_QUEUE_SECONDS = 3600.0
+DEFAULT_MAX_AUDIO_SECONDS = 3600.0
+DEFAULT_HEADER_TIMEOUT = 20.0
+DEFAULT_BODY_TIMEOUT = 20.0
+DEFAULT_BODY_MIN_RATE = 4096.0
+DEFAULT_MAX_CONNECTIONS = 256
 UPLOAD_MB_RANGE = (0.001, 1_000_000.0)
 QUEUE_SECONDS_RANGE = (0.0, 10_000_000.0)
+AUDIO_SECONDS_RANGE = (0.001, 10_000_000.0)
+TIMEOUT_RANGE = (0.01, 86_400.0)
+MIN_RATE_RANGE = (1.0, 1e12)
+CONNECTIONS_RANGE = (1, 1_000_000)
 
 DESCRIPTION = """\
 Serve transcription over HTTP with the API of OpenAI's /v1/audio/transcriptions, so that OpenAI
@@ -126,6 +135,62 @@ def build_parser() -> argparse.ArgumentParser:
         f"transcribed or waiting (default: {DEFAULT_MAX_QUEUE_SECONDS:g})",
     )
     p.add_argument(
+        "--max-audio-seconds",
+        type=_number_in(AUDIO_SECONDS_RANGE, "seconds"),
+        default=DEFAULT_MAX_AUDIO_SECONDS,
+        metavar="S",
+        help="longest audio one request may hold, counted as decoded; longer is refused with 413 "
+        f"(default: {DEFAULT_MAX_AUDIO_SECONDS:g})",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients may use in the Host header, besides localhost, 127.0.0.1, [::1] and "
+        "--host (and any IP address and this machine's name when --host is 0.0.0.0 or ::); repeatable; "
+        "'*' accepts any. Others get 421 (this stops DNS-rebinding pages)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (e.g. https://app.example) allowed to make cross-origin requests, "
+        "answered with CORS headers; repeatable; '*' allows any. Requests from other origins get 403",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=_number_in(TIMEOUT_RANGE, "seconds"),
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="S",
+        help="seconds a connection has to send its request headers; then 408 and closed "
+        f"(default: {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=_number_in(TIMEOUT_RANGE, "seconds"),
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="S",
+        help="longest pause in a request body; then 408 and closed, the upload dropped "
+        f"(default: {DEFAULT_BODY_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--body-min-rate",
+        type=_number_in(MIN_RATE_RANGE, "bytes a second"),
+        default=DEFAULT_BODY_MIN_RATE,
+        metavar="B",
+        help="bytes a second a request body must average after its first --body-timeout seconds "
+        f"(default: {DEFAULT_BODY_MIN_RATE:g})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_int_in(CONNECTIONS_RANGE),
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"open connections at most; more get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
+    )
+    p.add_argument(
         "--dtype",
         choices=sorted(DTYPES),
         default=None,
@@ -160,6 +225,40 @@ def _error(line: str) -> None:
 
 def _warning(line: str) -> None:
     print(f"warning: {' '.join(line.split())}", file=sys.stderr)
+
+
+def _api_key(flag: str | None) -> str | None:
+    """The key every request must send: --api-key, else $MLXASR_API_KEY, else None (an open server).
+
+    An empty one is refused (ValueError) rather than taken as "no key": `--api-key "$KEY"` with KEY
+    unset would otherwise open the server, even with $MLXASR_API_KEY set."""
+    if flag is not None:
+        if not flag.strip():
+            raise ValueError(
+                "--api-key is empty (an unset shell variable?): give the key, or leave the option out "
+                f"to use ${API_KEY_ENV}"
+            )
+        return flag
+    value = os.environ.get(API_KEY_ENV)
+    if value is not None and not value.strip():
+        raise ValueError(f"${API_KEY_ENV} is set but empty: give it a key, or unset it to serve without one")
+    return value
+
+
+def _raise_open_files(connections: int) -> None:
+    """Raise the soft limit on open files to what the connections need (and some for the rest), where
+    the hard limit allows: each connection is a descriptor, and macOS starts at 256."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = connections + 256
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            if top > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _load_models(args: argparse.Namespace):
@@ -209,18 +308,29 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
         import uvicorn
 
         from mlx_qwen3asr.engine import Engine
-        from mlx_qwen3asr.server import create_app
+        from mlx_qwen3asr.server import ConnectionLimits, create_app, uvicorn_config
 
         engine = Engine(model, aligner=aligner, batch_size=args.batch_size)
-        api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+        api_key = args.api_key
         app = create_app(
             engine,
             model_id=_model_id(args.model),
             api_key=api_key,
             max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
             max_queue_seconds=args.max_queue_seconds,
+            max_audio_seconds=args.max_audio_seconds,
             words_unavailable=words_unavailable,
+            host=args.host,
+            allowed_hosts=args.allowed_host,
+            cors_origins=args.cors_origin,
         )
+        limits = ConnectionLimits(
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            body_min_rate=args.body_min_rate,
+            max_connections=args.max_connections,
+        )
+        _raise_open_files(limits.max_connections)
         host, port = sock.getsockname()[:2]
         if api_key is None and host not in ("127.0.0.1", "::1", "localhost"):
             _warning(
@@ -231,7 +341,7 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
             f"listening on http://{shown}:{port} (model {_model_id(args.model)})", file=sys.stderr, flush=True
         )
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
+        config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
         return EXIT_OK
     finally:
@@ -255,6 +365,11 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # usage errors and --help
         return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
+    try:
+        args.api_key = _api_key(args.api_key)
+    except ValueError as e:
+        _error(str(e))
+        return EXIT_USAGE
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

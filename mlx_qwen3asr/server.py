@@ -9,9 +9,12 @@
 Requests share the Engine's running batch (continuous batching), so concurrent clients cost little
 more than one. Uploads stream to a file in a private folder, counted against the size limit as they
 arrive, and that file is removed whatever happens to the request. A client that goes away has its
-job cancelled, which takes its rows out of the batch. Errors are OpenAI-style bodies
-(`{"error": {"message", "type", "param", "code"}}`) that never carry a path, a traceback or the key;
-the details go to the server's log.
+job cancelled, which takes its rows out of the batch. An upload counts against the limits by the
+duration it decodes to, not its size or header. The Host header must name this server and a
+browser's request come from an allowed origin (DNS rebinding, cross-site forms); connections have
+deadlines for their headers and body and a bound on their number (uvicorn_config). Errors are
+OpenAI-style bodies (`{"error": {"message", "type", "param", "code"}}`) that never carry a path, a
+traceback or the key; the details go to the server's log.
 
 `create_app(engine, ...)` builds the ASGI application; `mlxasr serve` (mlx_qwen3asr.cli.serve) loads
 the model and runs it with uvicorn.
@@ -21,18 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
+import http
+import ipaddress
 import json
 import logging
 import math
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +48,7 @@ from typing import Any
 import anyio
 from python_multipart import MultipartParser
 from python_multipart.exceptions import MultipartParseError
-from python_multipart.multipart import parse_options_header
+from python_multipart.multipart import MultipartState, parse_options_header
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -52,14 +59,21 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .audio import AUDIO_EXTENSIONS, AudioError
-from .batch import estimate_duration
+from .decode import ArraySignal, read_audio
 from .engine import Engine, Job, JobCancelled
 from .prompt import join_texts, resolve_language
 from .result import Segment, Transcription
 from .subtitles import build_cues
 from .writers import render
 
-__all__ = ["APIError", "RESPONSE_FORMATS", "create_app"]
+__all__ = [
+    "APIError",
+    "ConnectionLimits",
+    "RESPONSE_FORMATS",
+    "create_app",
+    "http_protocol",
+    "uvicorn_config",
+]
 
 log = logging.getLogger("mlx_qwen3asr.server")
 
@@ -67,6 +81,20 @@ RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
 DEFAULT_MAX_UPLOAD_BYTES = 25 * 1024 * 1024  # OpenAI's own limit for this endpoint
 DEFAULT_MAX_QUEUE_SECONDS = 3600.0
+# The longest audio one request may hold, counted as decoded (a small file can decode to hours).
+DEFAULT_MAX_AUDIO_SECONDS = 3600.0
+# Connections: the request line and headers must arrive within HEADER_TIMEOUT seconds of the
+# connection opening (or of the previous answer); a body may pause at most BODY_TIMEOUT seconds and
+# must average BODY_MIN_RATE bytes a second after its first BODY_TIMEOUT seconds; past
+# MAX_CONNECTIONS open connections, new ones are answered 503.
+DEFAULT_HEADER_TIMEOUT = 20.0
+DEFAULT_BODY_TIMEOUT = 20.0
+DEFAULT_BODY_MIN_RATE = 4096.0
+DEFAULT_MAX_CONNECTIONS = 256
+# Host names always accepted in the Host header (besides the address the server is bound to).
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Addresses that bind every interface: clients then name the machine by any of its addresses.
+WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")
 # A refused request's body is dropped by the connection as it arrives, up to this many times the upload
 # limit; past that the connection is closed instead (see _close_after).
 DISCARD_FACTOR = 4
@@ -116,9 +144,24 @@ class APIError(Exception):
     def type(self) -> str:
         return "server_error" if self.status >= 500 else "invalid_request_error"
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def raw(self) -> bytes:
+        """The whole HTTP/1.1 response as bytes, for the connection itself to write before it closes."""
+        body = json.dumps(self.body()).encode()
+        try:
+            phrase = http.HTTPStatus(self.status).phrase
+        except ValueError:
+            phrase = ""
+        headers = {"content-type": "application/json", "content-length": str(len(body))}
+        headers.update({k.lower(): v for k, v in self.headers.items()})
+        headers["connection"] = "close"
+        head = f"HTTP/1.1 {self.status} {phrase}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return (head + "\r\n").encode("latin-1") + body
 
 
 class _ClientGone(Exception):
@@ -155,8 +198,69 @@ def _close_after(headers: Headers, limit: int) -> bool:
         return True
 
 
+def _host_name(value: str) -> str:
+    """The name in a Host header (or an origin's host), without port or IPv6 brackets, lowercased."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    if value.count(":") == 1:
+        value = value.partition(":")[0]
+    return value.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Access:
+    """Which Host headers and which browser origins are served.
+
+    A page on another site can send a form to the server (a multipart POST needs no CORS preflight),
+    and through DNS rebinding (its own name made to point at 127.0.0.1) read the answer: so the Host
+    header must name this server, and a request carrying an Origin must come from the server's own
+    origin or one allowed with --cors-origin.
+    """
+
+    hosts: frozenset[str]  # names accepted in Host; "*": any
+    any_ip: bool  # bound to every interface: any IP address is accepted in Host (no rebinding names one)
+    origins: frozenset[str]  # origins allowed to make cross-origin requests; "*": any
+
+    @classmethod
+    def build(cls, host: str, allowed_hosts: Iterable[str], cors_origins: Iterable[str]) -> _Access:
+        bound = _host_name(host) if host.strip() not in WILDCARD_ADDRESSES else ""
+        names = {*LOCAL_HOSTS, *(_host_name(h) if h.strip() != "*" else "*" for h in allowed_hosts)}
+        any_ip = not bound
+        if bound:
+            names.add(bound)
+        else:
+            with contextlib.suppress(OSError):
+                names.add(_host_name(socket.gethostname()))
+        origins = {o.strip().rstrip("/").lower() for o in cors_origins if o.strip()}
+        return cls(frozenset(names), any_ip, frozenset(origins))
+
+    def host_allowed(self, header: str | None) -> bool:
+        if header is None:  # HTTP/1.0 without Host: no browser sends that
+            return True
+        name = _host_name(header)
+        return "*" in self.hosts or name in self.hosts or (self.any_ip and _is_ip(name))
+
+    def cross_origin_allowed(self, origin: str) -> bool:
+        return "*" in self.origins or origin in self.origins
+
+
+def _origin(headers: Headers) -> str | None:
+    value = headers.get("origin")
+    return value.strip().rstrip("/").lower() if value is not None else None
+
+
 class _Guard:
-    """Checks every request before anything else reads it: the API key, then a declared body size."""
+    """Checks every request before anything else reads it: the Host header, the Origin of a browser's
+    request (answering CORS preflights for the allowed ones), the API key, then a declared body size."""
 
     def __init__(self, app: ASGIApp, server: _Server) -> None:
         self.app, self.server = app, server
@@ -167,6 +271,39 @@ class _Guard:
             return
         headers = Headers(scope=scope)
         limit = self.server.max_upload_bytes
+        access = self.server.access
+        refuse = lambda error: error.response()(scope, receive, send)  # noqa: E731
+        host = headers.get("host")
+        if not access.host_allowed(host):
+            shown = _one_line(host or "")[:100]
+            await refuse(
+                APIError(
+                    421,
+                    f"this server does not answer to the host name {shown!r} "
+                    "(start it with --allowed-host NAME to allow a name)",
+                    code="host_not_allowed",
+                    close=_close_after(headers, limit),
+                )
+            )
+            return
+        origin = _origin(headers)
+        cross = origin is not None and origin != f"{scope.get('scheme', 'http')}://{(host or '').lower()}"
+        if cross and not access.cross_origin_allowed(origin):
+            await refuse(
+                APIError(
+                    403,
+                    f"cross-origin requests from {_one_line(origin)[:100]!r} are refused "
+                    "(start the server with --cors-origin ORIGIN to allow an origin)",
+                    code="origin_not_allowed",
+                    close=_close_after(headers, limit),
+                )
+            )
+            return
+        if cross:
+            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+                await self._preflight(origin, headers)(scope, receive, send)
+                return
+            send = self._with_cors(send, origin)
         key = self.server.api_key
         if key is not None and not _authorized(headers.get("authorization"), key):
             error = APIError(
@@ -192,6 +329,38 @@ class _Guard:
                 return
         await self.app(scope, receive, send)
 
+    @staticmethod
+    def _preflight(origin: str, headers: Headers) -> Response:
+        """The answer to a browser's CORS preflight from an allowed origin."""
+        asked = headers.get("access-control-request-headers", "")
+        allowed = ", ".join(h.strip() for h in asked.split(",") if h.strip()) or "authorization, content-type"
+        return Response(
+            status_code=204,
+            headers={
+                "Access-Control-Allow-Origin": origin,
+                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": allowed,
+                "Access-Control-Max-Age": "600",
+                "Vary": "Origin",
+            },
+        )
+
+    @staticmethod
+    def _with_cors(send: Send, origin: str) -> Send:
+        """send, with the CORS headers that let the allowed origin read the answer."""
+        extra = [
+            (b"access-control-allow-origin", origin.encode("latin-1", "replace")),
+            (b"access-control-expose-headers", b"Retry-After"),
+            (b"vary", b"Origin"),
+        ]
+
+        async def cors_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        return cors_send
+
 
 # --- uploads --------------------------------------------------------------------------------------
 
@@ -216,11 +385,13 @@ class _Upload:
         return values[0] if values else None
 
     def scrub(self, text: str) -> str:
-        """text without our file's path or name (decoder messages may quote them)."""
+        """text without our file's path or name, or the server's folders (decoder messages may quote them)."""
         shown = f"'{self.filename}'" if self.filename else "the upload"
         if self.path is not None:
-            for secret in (str(self.path), self.path.name, str(self.folder)):
+            for secret in (str(self.path), self.path.name):
                 text = text.replace(secret, shown)
+        for folder in (str(self.folder), tempfile.gettempdir()):
+            text = text.replace(folder, "the server's temporary folder")
         return text
 
 
@@ -310,12 +481,35 @@ def _write(path: Path, data: bytes, created: bool) -> None:
         os.close(fd)
 
 
+def _storage_error(e: OSError) -> APIError:
+    """The answer when an upload cannot be written: 507 for a full disk, else 500; never the path."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        log.error("no room to store an upload: %s", e)
+        return APIError(
+            507,
+            "the server has no room to store the upload (its disk is full); retry later",
+            code="insufficient_storage",
+        )
+    log.error("an upload could not be stored: %s", e)
+    reason = (e.strerror or "I/O error").lower()
+    return APIError(500, f"the upload could not be stored on the server ({reason})", code="storage_error")
+
+
+async def _store(path: Path, data: bytes, created: bool) -> None:
+    try:
+        await anyio.to_thread.run_sync(_write, path, data, created)
+    except OSError as e:
+        raise _storage_error(e) from None
+
+
 async def read_upload(request: Request, folder: Path, limit: int) -> _Upload:
     """The request's multipart body, the file part streamed into `folder`; bytes are counted as they
     come and the request is refused (413) as soon as they pass `limit`, without reading the rest (the
     connection drops it as it arrives, see _close_after).
 
-    Raises APIError, or _ClientGone; the file is removed on any failure.
+    A form that ends before its closing boundary (a body cut short, whatever its Content-Length said)
+    is refused (400): part of a file is not the file. Raises APIError, or _ClientGone; the file is
+    removed on any failure.
     """
     ctype, options = parse_options_header(request.headers.get("content-type"))
     boundary = options.get(b"boundary")
@@ -339,14 +533,21 @@ async def read_upload(request: Request, folder: Path, limit: int) -> _Upload:
                 raise APIError(400, f"malformed multipart form ({_one_line(e)})") from None
             if len(reader.pending) >= WRITE_CHUNK:
                 data, reader.pending = bytes(reader.pending), bytearray()
-                await anyio.to_thread.run_sync(_write, upload.path, data, created)
+                await _store(upload.path, data, created)
                 created = True
         try:
             reader.parser.finalize()
         except MultipartParseError as e:
             raise APIError(400, f"malformed multipart form ({_one_line(e)})") from None
+        if reader.parser.state != MultipartState.END:
+            raise APIError(
+                400,
+                "the upload is incomplete: the multipart form ends before its closing boundary "
+                "(the request body was cut short)",
+                code="incomplete_upload",
+            )
         if reader.pending or (upload.path is not None and not created):
-            await anyio.to_thread.run_sync(_write, upload.path, bytes(reader.pending), created)
+            await _store(upload.path, bytes(reader.pending), created)
     except ClientDisconnect:
         upload.remove()
         raise _ClientGone() from None
@@ -599,11 +800,14 @@ class _Server:
         api_key: str | None,
         max_upload_bytes: int,
         max_queue_seconds: float,
+        max_audio_seconds: float,
         upload_dir: Path,
         words_unavailable: str | None,
+        access: _Access,
     ) -> None:
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
         self.max_upload_bytes, self.max_queue_seconds = max_upload_bytes, max_queue_seconds
+        self.max_audio_seconds, self.access = max_audio_seconds, access
         self.upload_dir, self.words_unavailable = upload_dir, words_unavailable
         self.created = int(time.time())
         self.started = time.monotonic()
@@ -665,6 +869,13 @@ class _Server:
         return await loop.run_in_executor(self.waiters, next, segments, None)
 
     def job_error(self, e: BaseException, upload: _Upload) -> APIError:
+        if isinstance(e, AudioError) and e.reason.startswith("no room"):
+            log.error("no room to decode an upload: %s", e.reason)
+            return APIError(
+                507,
+                "the server has no room to decode the audio (its disk is full); retry later",
+                code="insufficient_storage",
+            )
         if isinstance(e, AudioError):
             return APIError(
                 400,
@@ -696,6 +907,30 @@ class _Server:
                         res.wav.close()
         upload.remove()
 
+    async def decode(self, upload: _Upload) -> tuple[str | Any, float]:
+        """The upload decoded, for the engine, and its decoded duration in seconds, which is what counts
+        against the limits (not its size or what its header states: a small file can hold hours).
+
+        Audio short enough to be held in memory is handed over decoded; a longer one is decoded again by
+        the engine, from its file (its samples stay on disk). Raises APIError."""
+        try:
+            decoded = await anyio.to_thread.run_sync(read_audio, str(upload.path))
+        except AudioError as e:
+            raise self.job_error(e, upload) from None
+        signal, seconds = decoded.signal, decoded.seconds
+        in_memory = isinstance(signal, ArraySignal)
+        if not in_memory:
+            signal.close()
+        if seconds > self.max_audio_seconds:
+            raise APIError(
+                413,
+                f"the audio is {seconds:.1f} s long; this server transcribes at most "
+                f"{self.max_audio_seconds:g} s per request",
+                param="file",
+                code="audio_too_long",
+            )
+        return (signal.samples() if in_memory else str(upload.path)), seconds
+
     # -- routes --
 
     async def transcriptions(self, request: Request) -> Response:
@@ -716,13 +951,13 @@ class _Server:
                     param="timestamp_granularities[]",
                     code="word_timestamps_unavailable",
                 )
+            audio, seconds = await self.decode(upload)
             error = self.busy()  # others may have come in meanwhile
             if error is not None:
                 raise error
-            seconds = await anyio.to_thread.run_sync(estimate_duration, str(upload.path))
             try:
                 job = self.engine.submit(
-                    str(upload.path),
+                    audio,
                     language=req.language,
                     context=req.context,
                     word_timestamps=req.word_timestamps,
@@ -808,6 +1043,178 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return APIError(500, "internal error; see the server log", code="internal_error").response()
 
 
+# --- connections ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Deadlines for what a client sends, and a bound on open connections (see uvicorn_config).
+
+    header_timeout: seconds from the connection opening (or the previous answer) to the end of the
+    request's headers; a connection that sent part of them then gets 408, one that sent nothing is
+    closed. body_timeout: the longest pause in a request body; and after its first body_timeout seconds
+    the body must average body_min_rate bytes a second. A body that stalls gets 408 (if nothing was
+    answered yet) and the connection closes; its request sees its client gone (its upload is removed).
+    max_connections: connections past this many get 503 and are closed.
+    """
+
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    body_min_rate: float = DEFAULT_BODY_MIN_RATE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+
+def _too_many_connections(limit: int) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        error = APIError(
+            503,
+            f"the server has too many open connections (at most {limit}); retry shortly",
+            code="too_many_connections",
+            headers={"Retry-After": "1"},
+            close=True,
+        )
+        await error.response()(scope, receive, send)
+
+    return app
+
+
+def http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (h11) with the deadlines and the bound of `limits`."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._timer: asyncio.TimerHandle | None = None
+            self._phase: str | None = None  # "head", "body" or None (the request is in; no deadline)
+            self._head_bytes = 0
+            self._body_start = self._body_last = 0.0
+            self._body_bytes = 0
+            if len(self.connections) > limits.max_connections:
+                log.warning("refused a connection: %d are open", len(self.connections))
+                self.app = _too_many_connections(limits.max_connections)
+            self._track()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel()
+            self._phase = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            now = self.loop.time()
+            if self._phase == "head":
+                self._head_bytes += len(data)
+            elif self._phase == "body":
+                self._body_bytes += len(data)
+                self._body_last = now
+            super().data_received(data)
+            self._track(rearm=self._phase == "body")
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._track()
+
+        # -- deadlines --
+
+        def _cancel(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _track(self, rearm: bool = False) -> None:
+            """Sets the deadline that fits where the request stands."""
+            if self.transport is None or self.transport.is_closing():
+                self._cancel()
+                return
+            state = self.conn.their_state
+            if state is h11.IDLE:
+                if self._phase != "head":
+                    self._phase, self._head_bytes = "head", 0
+                    self._cancel()
+                    self._timer = self.loop.call_later(limits.header_timeout, self._head_expired)
+            elif state is h11.SEND_BODY:
+                if self._phase != "body":
+                    self._phase, self._body_bytes = "body", 0
+                    self._body_start = self._body_last = self.loop.time()
+                    rearm = True
+                if rearm:
+                    self._cancel()
+                    delay = max(0.0, self._body_deadline() - self.loop.time())
+                    self._timer = self.loop.call_later(delay, self._body_expired)
+            else:
+                self._phase = None
+                self._cancel()
+
+        def _body_deadline(self) -> float:
+            idle = self._body_last + limits.body_timeout
+            slow = self._body_start + limits.body_timeout + self._body_bytes / limits.body_min_rate
+            return min(idle, slow)
+
+        def _head_expired(self) -> None:
+            self._timer = None
+            if self.transport.is_closing() or self._phase != "head":
+                return
+            if self._head_bytes:
+                log.info("closed a connection: its request headers took over %g s", limits.header_timeout)
+                self._close_with(
+                    APIError(
+                        408,
+                        f"the request headers did not arrive within {limits.header_timeout:g} s",
+                        code="request_timeout",
+                    )
+                )
+            else:  # an idle connection: closed as a keep-alive one is
+                self.transport.close()
+
+        def _body_expired(self) -> None:
+            self._timer = None
+            if self.transport.is_closing() or self._phase != "body":
+                return
+            now = self.loop.time()
+            if self.flow.read_paused:  # we are not reading (the request is busy): not the client's fault
+                self._body_start = self._body_last = now
+                self._body_bytes = 0
+                self._track(rearm=True)
+                return
+            if now < self._body_deadline():
+                self._track(rearm=True)
+                return
+            log.info("closed a connection: its request body stalled (%d bytes received)", self._body_bytes)
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_started:
+                self._close_with(
+                    APIError(
+                        408,
+                        f"the request body stopped arriving (no data for {limits.body_timeout:g} s, or "
+                        f"less than {limits.body_min_rate:g} bytes a second)",
+                        code="request_timeout",
+                    )
+                )
+            else:
+                self.transport.close()
+
+        def _close_with(self, error: APIError) -> None:
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                # The request in progress sees its client gone: its sends are dropped, its upload removed.
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self.transport.write(error.raw())
+            self.transport.close()
+
+    return Protocol
+
+
+def uvicorn_config(app: ASGIApp, limits: ConnectionLimits | None = None, **kwargs: Any) -> Any:
+    """A uvicorn.Config serving `app` whose connections follow `limits` (default ConnectionLimits());
+    kwargs go to uvicorn.Config."""
+    import uvicorn
+
+    kwargs.setdefault("ws", "none")  # no WebSocket endpoints: an upgrade stays an HTTP request
+    return uvicorn.Config(app, http=http_protocol(limits or ConnectionLimits()), **kwargs)
+
+
 def create_app(
     engine: Engine,
     *,
@@ -815,26 +1222,42 @@ def create_app(
     api_key: str | None = None,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_queue_seconds: float = DEFAULT_MAX_QUEUE_SECONDS,
+    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
     upload_dir: str | os.PathLike[str] | None = None,
     words_unavailable: str | None = None,
+    host: str = "127.0.0.1",
+    allowed_hosts: Iterable[str] = (),
+    cors_origins: Iterable[str] = (),
 ) -> Starlette:
     """The ASGI application serving `engine` (which the caller closes when the server has stopped).
 
     model_id: the name /v1/models gives (never a local path: pass the folder's name). api_key: every
-    request must then send `Authorization: Bearer <api_key>`. upload_dir: where uploads are written
-    while they are transcribed (default: a private temporary folder, removed at shutdown).
-    words_unavailable: why word timestamps are refused, when the engine has no aligner.
+    request must then send `Authorization: Bearer <api_key>` (an empty key is a ValueError, not "no
+    key"). max_audio_seconds: the longest audio a request may hold, as decoded. upload_dir: where
+    uploads are written while they are transcribed (default: a private temporary folder, removed at
+    shutdown). words_unavailable: why word timestamps are refused, when the engine has no aligner.
+    host: the address the server is bound to; the Host header must name it, localhost, 127.0.0.1,
+    ::1 or one of allowed_hosts ("*": any); bound to every interface (0.0.0.0, ::), any IP address
+    and the machine's name are accepted too. cors_origins: the browser origins (e.g.
+    "https://app.example", "*" for any) allowed to make cross-origin requests; others are refused
+    (403), as are those of every other origin when it is empty.
+
+    Run it with `uvicorn_config`, whose connections have deadlines and a bound on their number.
     """
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key is empty: give a key, or None for an open server")
     owned = upload_dir is None
     folder = Path(tempfile.mkdtemp(prefix="mlxasr-uploads-") if owned else upload_dir)
     server = _Server(
         engine,
         model_id=model_id,
-        api_key=api_key or None,
+        api_key=api_key,
         max_upload_bytes=int(max_upload_bytes),
         max_queue_seconds=float(max_queue_seconds),
+        max_audio_seconds=float(max_audio_seconds),
         upload_dir=folder,
         words_unavailable=words_unavailable or "it was started without a forced aligner",
+        access=_Access.build(host, allowed_hosts, cors_origins),
     )
 
     @contextlib.asynccontextmanager
