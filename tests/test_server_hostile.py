@@ -258,7 +258,7 @@ def test_connections_past_the_limit_get_503(serve):
     server = serve(ConnectionLimits(header_timeout=30, max_connections=3))
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
     try:
-        time.sleep(0.1)
+        wait_until(lambda: len(server.server.server_state.connections) == 3)
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(head(server, "GET", "/health"))
             status, headers, body = read_response(sock)
