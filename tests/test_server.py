@@ -29,7 +29,7 @@ import mlx_qwen3asr
 from mlx_qwen3asr import alignment, generate, scheduler
 from mlx_qwen3asr.engine import Engine, JobCancelled
 from mlx_qwen3asr.generate import Generation
-from mlx_qwen3asr.server import create_app
+from mlx_qwen3asr.server import create_app, uvicorn_config
 from mlx_qwen3asr.subtitles import build_cues
 from mlx_qwen3asr.writers import render
 
@@ -50,7 +50,10 @@ class Served:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+        config = uvicorn_config(
+            app, log_level="warning", timeout_graceful_shutdown=2
+        )  # as mlxasr serve runs it
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
