@@ -87,13 +87,14 @@ class Engine:
         batch_size: int | None = None,
     ) -> None:
         self.model, self.aligner = model, aligner
-        self._scheduler = Scheduler(
+        self._new_scheduler = lambda: Scheduler(
             model,
             aligner=aligner,
             max_segment_seconds=max_segment_seconds,
             batch_size=batch_size,
             on_segment=self._on_segment,
         )
+        self._scheduler = self._new_scheduler()
         self._lock = threading.Condition()
         self._inbox: list[tuple[str, object]] = []
         self._jobs: dict[int, Job] = {}
@@ -162,6 +163,17 @@ class Engine:
             job._segments.put(seg)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # the engine cannot go on: no job waits for it forever
+            with self._lock:
+                self._closed = True
+                jobs, self._jobs = list(self._jobs.values()), {}
+            for job in jobs:
+                job._finish(error=RuntimeError(f"the engine stopped ({type(e).__name__}: {e})"))
+            raise
+
+    def _loop(self) -> None:
         scheduler = self._scheduler
         while True:
             with self._lock:
@@ -171,11 +183,15 @@ class Engine:
                     return
                 inbox, self._inbox = self._inbox, []
             for kind, item in inbox:
-                if kind == "submit":
-                    key, audio, options = item
-                    scheduler.submit(key, audio, options)
-                else:
-                    scheduler.cancel(item)
+                try:
+                    if kind == "submit":
+                        key, audio, options = item
+                        scheduler.submit(key, audio, options)
+                    else:
+                        scheduler.cancel(item)
+                except Exception as e:  # that job fails; the engine goes on
+                    if kind == "submit":
+                        self._finish(item[0], error=e)
             if scheduler.idle:
                 continue
             try:
@@ -184,14 +200,21 @@ class Engine:
                 with self._lock:
                     jobs, self._jobs = list(self._jobs.values()), {}
                 for job in jobs:
-                    scheduler.cancel(job.key)
                     job._finish(error=e)
+                # A scheduler left in an unknown state is replaced, so that the engine never spins.
+                scheduler.close()
+                scheduler = self._scheduler = self._new_scheduler()
                 continue
             for res in results:
-                with self._lock:
-                    job = self._jobs.pop(res.index, None)
-                if job is not None:
-                    job._finish(res)
+                self._finish(res.index, result=res)
+
+    def _finish(
+        self, key: int, result: InputResult | None = None, error: BaseException | None = None
+    ) -> None:
+        with self._lock:
+            job = self._jobs.pop(key, None)
+        if job is not None:
+            job._finish(result, error)
 
 
 __all__ = ["Engine", "Job", "JobCancelled"]

@@ -260,7 +260,13 @@ class DecodeBatch:
         ]
         logits = self.net.logits(mx.concatenate(lasts, axis=0))
         y = mx.argmax(logits, axis=-1)
-        self._join(caches, new_rows, y, logits)
+        try:
+            self._join(caches, new_rows, y, logits)
+        except BaseException:
+            # Joining rewrites the running rows' cache layer by layer: part-way through, none of it
+            # holds; the batch is left empty (its rows are gone) rather than inconsistent.
+            self.rows, self.cache, self.left_pad, self.y, self.logits = [], None, None, None, None
+            raise
         return done
 
     def _join(self, caches, new_rows: list[_Row], y: mx.array, logits: mx.array) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -263,6 +263,11 @@ class Scheduler:
 
     One thread drives it: `submit` inputs, call `run_once` until `idle`, collect the InputResults it
     returns as inputs finish. transcribe_stream and the server's Engine are built on it.
+
+    A fault anywhere (reading audio, a mel spectrogram, the encoder, a prefill, a decoding step, the
+    text of a row, on_segment) fails the inputs whose work it was doing, each with a result carrying
+    the error; the others go on, and the scheduler always reaches idle. The aligner failing leaves
+    the text with estimated word timing.
     """
 
     def __init__(
@@ -298,6 +303,7 @@ class Scheduler:
         self.to_align: list[tuple[_Task, Segment]] = []
         self.prefixes: OrderedDict[str, tuple[list[int], Prefix | None]] = OrderedDict()
         self.admitted = 0
+        self.failed: list[InputResult] = []  # inputs failed during this iteration
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prepare")
 
     # -- inputs ----------------------------------------------------------------------------------
@@ -316,15 +322,41 @@ class Scheduler:
             item[3].cancel()
             self.queued.remove(item)
         entry = self.pending.pop(key, None)
-        if entry is None:
-            return
+        if entry is not None:
+            self._forget(entry)
+
+    def _forget(self, entry: _Pending) -> None:
+        """Take an input that left `pending` out of the pool, the alignment queue and the batch."""
         self.pool = [t for t in self.pool if t.pending is not entry]
         self.to_align = [(t, s) for t, s in self.to_align if t.pending is not entry]
         rows = {k for k, t in self.in_batch.items() if t.pending is entry}
+        for k in rows:
+            del self.in_batch[k]
         if rows and self.batch is not None:
-            self.batch.drop(rows)
-            for k in rows:
-                del self.in_batch[k]
+            try:
+                self.batch.drop(rows)
+            except Exception as e:  # the batch is unusable: its other rows fail too
+                self._fail_batch(e)
+
+    def _fail(self, entries: Iterable[_Pending], error: Exception) -> None:
+        """These inputs failed: each leaves with a result carrying the error; the others go on."""
+        for entry in list(entries):
+            if self.pending.get(entry.key) is not entry:
+                continue  # failed or cancelled already
+            del self.pending[entry.key]
+            self._forget(entry)
+            self.failed.append(
+                InputResult(entry.key, entry.prepared.source, wav=entry.prepared.wav, error=error)
+            )
+
+    def _fail_batch(self, error: Exception) -> None:
+        """The running batch failed: the inputs with rows in it fail."""
+        entries = {t.pending.key: t.pending for t in self.in_batch.values()}
+        self.batch, self.in_batch = None, {}
+        self._fail(entries.values(), error)
+
+    def _alive(self, task: _Task) -> bool:
+        return self.pending.get(task.pending.key) is task.pending
 
     @property
     def idle(self) -> bool:
@@ -341,19 +373,19 @@ class Scheduler:
 
     def run_once(self) -> list[InputResult]:
         """Prepare and admit inputs, refill the batch, decode one step, align what is due; returns the
-        inputs that finished."""
-        results: list[InputResult] = []
-        self._prepare_ahead()
+        inputs that finished (or failed)."""
         # With no row running there is nothing to overlap: wait until the pool can fill a batch.
-        results += self._admit(block=not self.rows and not self.to_align)
-        try:
-            self._refill()
-            if self.rows:
-                self._step()
-        except Exception as e:  # e.g. out of memory: the inputs in the batch fail, the others go on
-            results += self._fail_batch(e)
+        results = self._admit(block=not self.rows and not self.to_align)
+        self._refill()
+        if self.rows:
+            self._step()
         self._align_if_due()
         results += self._complete()
+        if self.pending and not (self.pool or self.rows or self.to_align):
+            # Inputs with segments nowhere to be done: they fail rather than wait forever.
+            self._fail(list(self.pending.values()), RuntimeError("segments were lost by the scheduler"))
+        results += self.failed
+        self.failed = []
         return results
 
     def _prepare_ahead(self) -> None:
@@ -370,21 +402,24 @@ class Scheduler:
     def _admit(self, block: bool) -> list[InputResult]:
         """Move prepared inputs into the pool until it holds two batches (waiting for them if `block`)."""
         results = []
-        while self.queued and len(self.pool) < 2 * self.size:
+        while True:
+            self._prepare_ahead()
+            if not (self.queued and len(self.pool) < 2 * self.size):
+                break
             key, options, source, future = self.queued[0]
             if not future.done() and not block:
                 break
             self.queued.pop(0)
             try:
                 prepared = future.result()
+                if not prepared.spans:
+                    empty = _assemble(prepared, [], options.language)
+                    results.append(
+                        InputResult(key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
+                    )
+                    continue
             except Exception as e:  # unreadable audio: this input fails, the others go on
                 results.append(InputResult(key, source, error=e))
-                continue
-            if not prepared.spans:
-                empty = _assemble(prepared, [], options.language)
-                results.append(
-                    InputResult(key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
-                )
                 continue
             entry = _Pending(key, prepared, options, [None] * len(prepared.spans))
             self.pending[key] = entry
@@ -447,11 +482,58 @@ class Scheduler:
             self.batch = None
             # The context whose segment has waited longest goes next.
             self.batch_context = min(self.pool, key=lambda t: t.order).context
-        candidates = sorted(
-            (t for t in self.pool if t.context == self.batch_context), key=lambda t: t.frames, reverse=True
-        )
-        if not candidates:
+        candidates = [t for t in self.pool if t.context == self.batch_context]
+        try:
+            chosen = self._choose(candidates)
+        except Exception as e:  # the waiting segments it weighed fail
+            self._fail([t.pending for t in candidates], e)
             return
+        if not chosen:
+            return
+        chosen_ids = {id(t) for t in chosen}
+        self.pool = [t for t in self.pool if id(t) not in chosen_ids]
+        # A segment whose samples cannot be read or turned into a mel spectrogram fails its input.
+        for t in chosen:
+            if self._alive(t):
+                try:
+                    _ = t.mel
+                except Exception as e:
+                    self._fail([t.pending], e)
+        chosen = [t for t in chosen if self._alive(t)]
+        if not chosen:
+            return
+        try:
+            prefix = self._prefix(self.batch_context) if self.batch is None else None
+            features = encode_segments(self.model, [t.mel for t in chosen])
+            tok = self.model.tokenizer
+            prompts = [
+                prompt_suffix_ids(tok, int(f.shape[0]), t.pending.options.language)
+                for f, t in zip(features, chosen)
+            ]
+            budgets = [token_budget(t.span.duration) for t in chosen]
+        except Exception as e:  # the segments encoded together fail; rows already running go on
+            self._fail([t.pending for t in chosen], e)
+            return
+        if self.batch is None:
+            self.batch = DecodeBatch(self.model.net, self.eos, prefix=prefix)
+        for t in chosen:
+            self.in_batch[id(t)] = t
+        try:
+            done = self.batch.add(prompts, features, budgets, [id(t) for t in chosen])
+        except Exception as e:
+            self._fail([t.pending for t in chosen], e)
+            # Rows the batch lost (a join that failed part-way drops the running rows) fail too.
+            kept = set(self.batch.keys) if self.batch is not None else set()
+            self._fail([t.pending for k, t in self.in_batch.items() if k not in kept], e)
+            return
+        for key, gen in done:
+            self._row_done(key, gen)
+
+    def _choose(self, candidates: list[_Task]) -> list[_Task]:
+        """The waiting segments (of the batch's context) that join the batch now, longest first."""
+        candidates = sorted(candidates, key=lambda t: t.frames, reverse=True)
+        if not candidates:
+            return []
         running = self.rows
         if self.fixed:
             free = self.fixed - running
@@ -461,27 +543,26 @@ class Scheduler:
         # Join when a quarter of the places are free (or every waiting segment fits): a prefill and a
         # cache join cost about as much for one new row as for several.
         if free <= 0 or (free < max(1, (running + free) // 4) and len(candidates) > free):
-            return
-        chosen = candidates[:free]
-        chosen_ids = {id(t) for t in chosen}
-        self.pool = [t for t in self.pool if id(t) not in chosen_ids]
-        if self.batch is None:
-            self.batch = DecodeBatch(self.model.net, self.eos, prefix=self._prefix(self.batch_context))
-        features = encode_segments(self.model, [t.mel for t in chosen])
-        tok = self.model.tokenizer
-        prompts = [
-            prompt_suffix_ids(tok, int(f.shape[0]), t.pending.options.language)
-            for f, t in zip(features, chosen)
-        ]
-        budgets = [token_budget(t.span.duration) for t in chosen]
-        for t in chosen:
-            self.in_batch[id(t)] = t
-        for key, gen in self.batch.add(prompts, features, budgets, [id(t) for t in chosen]):
-            self._finished(self.in_batch.pop(key), gen)
+            return []
+        return candidates[:free]
 
     def _step(self) -> None:
-        for key, gen in self.batch.step():
-            self._finished(self.in_batch.pop(key), gen)
+        try:
+            done = self.batch.step()
+        except Exception as e:  # e.g. out of memory: the inputs in the batch fail, the others go on
+            self._fail_batch(e)
+            return
+        for key, gen in done:
+            self._row_done(key, gen)
+
+    def _row_done(self, key: int, gen) -> None:
+        task = self.in_batch.pop(key, None)
+        if task is None or not self._alive(task):
+            return
+        try:
+            self._finished(task, gen)
+        except Exception as e:  # its text could not be made: its input fails
+            self._fail([task.pending], e)
 
     def _finished(self, task: _Task, gen) -> None:
         """A row is done: its segment's text; with word timing asked for, it waits for the aligner."""
@@ -507,31 +588,17 @@ class Scheduler:
         task._mel = None
         task.pending.segments[task.position] = seg
 
-    def _fail_batch(self, error: Exception) -> list[InputResult]:
-        failed = {t.pending.key for t in self.in_batch.values()}
-        self.batch, self.in_batch = None, {}
-        results = []
-        for key in failed:
-            entry = self.pending.pop(key, None)
-            if entry is None:
-                continue
-            self.pool = [t for t in self.pool if t.pending is not entry]
-            self.to_align = [(t, s) for t, s in self.to_align if t.pending is not entry]
-            results.append(InputResult(key, entry.prepared.source, wav=entry.prepared.wav, error=error))
-        return results
-
     # -- word timing -----------------------------------------------------------------------------
 
     def _align_if_due(self) -> None:
         """Align the decoded segments waiting for it: in groups, or at once when an input waits only for them."""
         if not self.to_align:
             return
-        waiting_inputs = {t.pending.key for t, _ in self.to_align}
+        aligning = {(id(t.pending), t.position) for t, _ in self.to_align}
+        entries = {id(t.pending): t.pending for t, _ in self.to_align}.values()
         only_alignment = any(
-            all(s is not None or any(t.pending is self.pending[k] and t.position == i for t, _ in self.to_align)
-                for i, s in enumerate(self.pending[k].segments))
-            for k in waiting_inputs
-        )  # fmt: skip
+            all(s is not None or (id(e), i) in aligning for i, s in enumerate(e.segments)) for e in entries
+        )
         if len(self.to_align) < ALIGN_GROUP and self.rows and not only_alignment:
             return
         group, self.to_align = self.to_align, []
@@ -559,14 +626,21 @@ class Scheduler:
         """Report new segments in time order, and hand out the inputs whose segments are all done."""
         results = []
         for key, entry in list(self.pending.items()):
-            while entry.reported < len(entry.segments) and entry.segments[entry.reported] is not None:
-                if self.on_segment is not None:
-                    self.on_segment(key, entry.segments[entry.reported])
-                entry.reported += 1
-            if entry.complete:
-                del self.pending[key]
-                result = _assemble(entry.prepared, entry.segments, entry.options.language, entry.timing_notes)
-                results.append(InputResult(key, entry.prepared.source, result, entry.prepared.wav))
+            if self.pending.get(key) is not entry:
+                continue  # failed meanwhile
+            try:
+                while entry.reported < len(entry.segments) and entry.segments[entry.reported] is not None:
+                    entry.reported += 1
+                    if self.on_segment is not None:
+                        self.on_segment(key, entry.segments[entry.reported - 1])
+                if entry.complete:
+                    result = _assemble(
+                        entry.prepared, entry.segments, entry.options.language, entry.timing_notes
+                    )
+                    del self.pending[key]
+                    results.append(InputResult(key, entry.prepared.source, result, entry.prepared.wav))
+            except Exception as e:  # e.g. on_segment raised: this input fails, the others go on
+                self._fail([entry], e)
         return results
 
 
