@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from . import decode
 from .alignment import align_segments, why_not_aligned
 from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
 from .decode import ArraySignal, DecodedAudio, Signal, read_audio
@@ -52,6 +53,10 @@ MEMORY_FRACTION = 0.25
 ALIGN_GROUP = 8
 # Prompt starts (contexts) whose keys and values are kept for later batches.
 PREFIXES_KEPT = 4
+# Seconds of decoded audio that inputs read ahead and not yet finished may hold in memory (150 MB):
+# decoding ahead stops there, so many files just short of decode.SPILL_SECONDS (kept in memory, not
+# spilled to disk) do not pile up in memory while the model works. One input is always let in.
+HELD_SECONDS = 2400.0
 
 AudioInput = str | os.PathLike | np.ndarray | tuple
 
@@ -76,6 +81,24 @@ def load_input(audio: AudioInput) -> tuple[DecodedAudio, str | None]:
 
 def _source(audio: AudioInput) -> str | None:
     return str(audio) if isinstance(audio, (str, os.PathLike)) else None
+
+
+def _samples_in_memory(signal: Signal) -> int:
+    """Samples of a decoded input held in memory (a long file's live in a temporary file)."""
+    return len(signal) if isinstance(signal, ArraySignal) else 0
+
+
+def _samples_at_most(audio: AudioInput) -> int:
+    """The most samples an input not decoded yet may hold in memory once it is: a file is spilled to
+    disk past decode.SPILL_SECONDS, an array is kept whole (resampled to 16 kHz)."""
+    if isinstance(audio, (str, os.PathLike)):
+        return int(decode.SPILL_SECONDS * SAMPLE_RATE)
+    array, rate = audio if isinstance(audio, tuple) and len(audio) == 2 else (audio, SAMPLE_RATE)
+    try:
+        size, rate = int(np.size(array)), float(rate)
+    except (TypeError, ValueError):
+        return 0  # refused when it is prepared
+    return int(size * SAMPLE_RATE / rate) + 1 if rate > 0 else 0
 
 
 def available_memory() -> int:
@@ -279,9 +302,10 @@ class Scheduler:
         batch_size: int | None = None,
         on_segment: Callable[[Hashable, Segment], None] | None = None,
         continuous: bool = True,
+        held_seconds: float = HELD_SECONDS,
     ) -> None:
         """continuous=False keeps a batch closed until its last row finishes (batch after batch), for
-        comparison."""
+        comparison. held_seconds: decoded audio that inputs read ahead may hold in memory at once."""
         require_kind(model, "asr")
         self.continuous = continuous
         if aligner is not None:
@@ -294,7 +318,9 @@ class Scheduler:
         tok = model.tokenizer
         self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
         self.waiting: deque[tuple[Hashable, AudioInput, InputOptions]] = deque()
-        self.queued: list[tuple[Hashable, InputOptions, str | None, Future[PreparedInput]]] = []
+        # Inputs being prepared: key, options, source, the preparation, the most samples it may hold.
+        self.queued: list[tuple[Hashable, InputOptions, str | None, Future[PreparedInput], int]] = []
+        self.held_samples = max(0, int(held_seconds * SAMPLE_RATE))
         self.pending: dict[Hashable, _Pending] = {}
         self.pool: list[_Task] = []
         self.batch: DecodeBatch | None = None
@@ -388,16 +414,36 @@ class Scheduler:
         self.failed = []
         return results
 
+    def _samples_held(self) -> int:
+        """Samples in memory of the inputs prepared or being prepared and not finished (an input being
+        prepared counts the most it may hold)."""
+        held = sum(_samples_in_memory(e.prepared.wav) for e in self.pending.values())
+        for *_, future, most in self.queued:
+            if not future.done():
+                held += most
+            elif not future.cancelled() and future.exception() is None:
+                held += _samples_in_memory(future.result().wav)
+        return held
+
     def _prepare_ahead(self) -> None:
         # Prepare ahead while the pool is short of two batches (long inputs fill it at once, and
-        # their samples are not held for many more inputs meanwhile).
+        # their samples are not held for many more inputs meanwhile), and while the audio held in
+        # memory stays within held_samples (at least one input when none is held).
         ahead = max(2, self.size)
+        held = None
         while (
             self.waiting and len(self.queued) < ahead and (len(self.pool) < 2 * self.size or not self.queued)
         ):
-            key, audio, options = self.waiting.popleft()
+            key, audio, options = self.waiting[0]
+            most = _samples_at_most(audio)
+            held = self._samples_held() if held is None else held
+            if held and held + most > self.held_samples:
+                break
+            self.waiting.popleft()
+            held += most
             args = (key, audio, self.max_segment_seconds, options.skip)
-            self.queued.append((key, options, _source(audio), self.executor.submit(prepare_input, *args)))
+            future = self.executor.submit(prepare_input, *args)
+            self.queued.append((key, options, _source(audio), future, most))
 
     def _admit(self, block: bool) -> list[InputResult]:
         """Move prepared inputs into the pool until it holds two batches (waiting for them if `block`)."""
@@ -406,7 +452,7 @@ class Scheduler:
             self._prepare_ahead()
             if not (self.queued and len(self.pool) < 2 * self.size):
                 break
-            key, options, source, future = self.queued[0]
+            key, options, source, future, _ = self.queued[0]
             if not future.done() and not block:
                 break
             self.queued.pop(0)

@@ -358,3 +358,57 @@ def test_continuous_batching_gives_the_texts_of_batch_after_batch(model, monkeyp
     assert any(a["running"] > 0 for a in continuous.adds)  # rows joined while others ran
     assert all(a["running"] == 0 for a in batched.adds)
     assert len(continuous.sizes) < len(batched.sizes)  # fewer steps: places did not sit empty
+
+
+def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_path, monkeypatch):
+    """Files just short of the spill threshold are kept in memory whole: reading ahead stops when the
+    samples held by inputs prepared and not finished reach held_seconds (one input is always let in),
+    however many files wait. Files over the threshold live on disk and hold nothing."""
+    import threading
+    import weakref
+
+    from mlx_qwen3asr import decode
+
+    monkeypatch.setattr(decode, "SPILL_SECONDS", 2.0)
+    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 3)
+    paths = []
+    for i in range(10):
+        paths.append(tmp_path / f"{i}.wav")
+        sf.write(paths[-1], test_signal(1.9, seed=i), 16000)  # 30400 samples each, in memory
+    paths.append(tmp_path / "long.wav")
+    sf.write(paths[-1], test_signal(5.0, seed=99), 16000)  # spilled to a temporary file
+    lock = threading.Lock()
+    alive = [0]  # samples of decoded inputs held in memory (not garbage yet)
+
+    def count(n: int) -> None:
+        with lock:
+            alive[0] += n
+
+    real_prepare = scheduler.prepare_input
+
+    def prepare_input(*args):
+        prepared = real_prepare(*args)
+        if isinstance(prepared.wav, decode.ArraySignal):
+            count(len(prepared.wav))
+            weakref.finalize(prepared.wav, count, -len(prepared.wav))
+        return prepared
+
+    monkeypatch.setattr(scheduler, "prepare_input", prepare_input)
+
+    def run(held_seconds: float) -> int:
+        sched = scheduler.Scheduler(model, batch_size=4, held_seconds=held_seconds)
+        for i, path in enumerate(paths):
+            sched.submit(i, str(path))
+        done, peak = 0, 0
+        while not sched.idle:
+            results = sched.run_once()
+            assert all(r.error is None for r in results)
+            done += len(results)
+            del results
+            peak = max(peak, alive[0])
+        sched.close()
+        assert done == len(paths)
+        return peak
+
+    assert run(6.0) <= 6.0 * 16000
+    assert run(1.0) == 30400  # a budget short of one input: one at a time, still done
