@@ -9,11 +9,69 @@ the original nesting and add a `quantization` block.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 
-def _from_dict(cls, values: dict[str, Any]):
+class ConfigError(ValueError):
+    """A field of config.json is missing, of the wrong type or out of range; the message names it."""
+
+
+# Size fields every published config carries (release, -hf and MLX conversions alike), with the range
+# accepted. The bounds lie far beyond any released model (the 1.7B: 24 + 28 layers, widths up to 6144,
+# 151936 tokens) and keep a corrupted config from building a module tree of absurd size; the layer
+# counts and widths are then compared with the weights themselves before any module is built.
+AUDIO_SIZES: dict[str, tuple[int, int]] = {
+    "num_mel_bins": (1, 1024),
+    "d_model": (1, 65536),
+    "encoder_layers": (1, 512),
+    "encoder_attention_heads": (1, 1024),
+    "encoder_ffn_dim": (1, 1 << 20),
+    "output_dim": (1, 65536),
+    "downsample_hidden_size": (1, 65536),
+    "n_window": (1, 1024),
+    "n_window_infer": (2, 65536),
+}
+TEXT_SIZES: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, 1 << 22),
+    "hidden_size": (1, 65536),
+    "intermediate_size": (1, 1 << 20),
+    "num_hidden_layers": (1, 512),
+    "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024),
+    "head_dim": (2, 4096),
+}
+MAX_CLASSES = 1 << 20
+
+
+def check_int(value: Any, name: str, low: int, high: int) -> int:
+    """`value` if it is an integer in [low, high]; else ConfigError naming the field."""
+    if value is None:
+        raise ConfigError(f"config.json: {name} is missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"config.json: {name} is {value!r}, not an integer")
+    if not low <= value <= high:
+        raise ConfigError(f"config.json: {name} is {value}; it must be between {low} and {high}")
+    return value
+
+
+def check_positive(value: Any, name: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"config.json: {name} is {value!r}, not a positive number")
+    return value
+
+
+def _from_dict(cls, values: dict[str, Any], where: str, sizes: dict[str, tuple[int, int]]):
+    if not isinstance(values, dict):
+        raise ConfigError(f"config.json: {where} is not a JSON object")
+    for name, (low, high) in sizes.items():
+        check_int(values.get(name), f"{where}.{name}", low, high)
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in values.items() if k in names})
 
@@ -37,7 +95,18 @@ class AudioConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AudioConfig:
-        return _from_dict(cls, values)
+        audio = _from_dict(cls, values, "audio_config", AUDIO_SIZES)
+        if audio.d_model % audio.encoder_attention_heads:
+            raise ConfigError(
+                f"config.json: audio_config.encoder_attention_heads ({audio.encoder_attention_heads}) does "
+                f"not divide audio_config.d_model ({audio.d_model})"
+            )
+        if audio.n_window_infer % audio.chunk_frames:
+            raise ConfigError(
+                f"config.json: audio_config.n_window_infer ({audio.n_window_infer}) is not a multiple of "
+                f"2 x audio_config.n_window ({audio.chunk_frames}): the attention window is whole chunks"
+            )
+        return audio
 
     @property
     def chunk_frames(self) -> int:
@@ -85,12 +154,31 @@ class TextConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TextConfig:
+        if not isinstance(values, dict):
+            raise ConfigError("config.json: text_config is not a JSON object")
         values = dict(values)
         # Newer transformers moves rope_theta into rope_parameters.
         rope = values.get("rope_parameters") or {}
-        if "rope_theta" not in values and "rope_theta" in rope:
+        if "rope_theta" not in values and isinstance(rope, dict) and "rope_theta" in rope:
             values["rope_theta"] = rope["rope_theta"]
-        return _from_dict(cls, values)
+        text = _from_dict(cls, values, "text_config", TEXT_SIZES)
+        for name in ("rms_norm_eps", "rope_theta"):
+            check_positive(getattr(text, name), f"text_config.{name}")
+        for name in ("tie_word_embeddings", "attention_bias"):
+            if not isinstance(getattr(text, name), bool):
+                raise ConfigError(
+                    f"config.json: text_config.{name} is {getattr(text, name)!r}, not true or false"
+                )
+        if text.num_attention_heads % text.num_key_value_heads:
+            raise ConfigError(
+                f"config.json: text_config.num_key_value_heads ({text.num_key_value_heads}) does not "
+                f"divide text_config.num_attention_heads ({text.num_attention_heads})"
+            )
+        if text.head_dim % 2:
+            raise ConfigError(
+                f"config.json: text_config.head_dim is {text.head_dim}; rotary embeddings need an even one"
+            )
+        return text
 
 
 @dataclass
@@ -138,7 +226,26 @@ class ModelConfig:
         ):
             if key in inner:
                 setattr(out, key, inner[key])
+        out.check()
         return out
+
+    def check(self) -> None:
+        """Raise ConfigError naming the first field whose value cannot describe a model."""
+        text = self.text_config
+        if self.audio_config.output_dim != text.hidden_size:
+            raise ConfigError(
+                f"config.json: audio_config.output_dim ({self.audio_config.output_dim}) differs from "
+                f"text_config.hidden_size ({text.hidden_size}): audio features take the place of token "
+                "embeddings"
+            )
+        for name in ("audio_token_id", "audio_start_token_id", "audio_end_token_id"):
+            check_int(getattr(self, name), name, 0, text.vocab_size - 1)
+        if self.is_forced_aligner:
+            check_int(self.classify_num, "classify_num", 1, MAX_CLASSES)
+            if self.timestamp_token_id is not None:
+                check_int(self.timestamp_token_id, "timestamp_token_id", 0, text.vocab_size - 1)
+            if self.timestamp_segment_time is not None:
+                check_positive(self.timestamp_segment_time, "timestamp_segment_time")
 
     @property
     def is_forced_aligner(self) -> bool:

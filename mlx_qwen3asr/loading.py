@@ -10,6 +10,7 @@ A repo id resolves through huggingface_hub's cache.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import hub
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 from .layouts import LayoutError, check_model_type, normalize
 from .model import Qwen3ASR
 from .tokenizer import Tokenizer
@@ -201,6 +202,64 @@ def check_weights(net: Qwen3ASR, weights: dict[str, mx.array], where: Path) -> N
         raise ModelLoadError(f"{where}: checkpoint does not match the model: " + "; ".join(problems))
 
 
+def _layer_count(weights: dict[str, mx.array], prefix: str) -> int:
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    indices = {int(m.group(1)) for key in weights if (m := pattern.match(key))}
+    return max(indices) + 1 if indices else 0
+
+
+def check_sizes(config: ModelConfig, weights: dict[str, mx.array]) -> None:
+    """Compare config.json's layer counts and widths with the stored shapes, before any module is built.
+
+    Only names and shapes are read (from the safetensors headers). A size the weights do not settle
+    is left to check_weights, which runs on the module tree that config.json's bounded sizes build.
+    """
+    audio, text = config.audio_config, config.text_config
+    layers = (
+        ("text_config.num_hidden_layers", text.num_hidden_layers, "model.layers.", "decoder"),
+        ("audio_config.encoder_layers", audio.encoder_layers, "audio_tower.layers.", "encoder"),
+    )
+    for name, value, prefix, stack in layers:
+        held = _layer_count(weights, prefix)
+        if held != value:
+            raise ConfigError(f"config.json: {name} is {value} but the weights hold {held} {stack} layers")
+    # (field, its value, the rows it gives, a tensor with those rows): rows survive quantization and
+    # norms are never packed, so every layout can be compared.
+    hd = text.head_dim
+    rows = [
+        ("text_config.hidden_size", text.hidden_size, text.hidden_size, "model.norm.weight"),
+        ("text_config.vocab_size", text.vocab_size, text.vocab_size, "model.embed_tokens.weight"),
+        ("text_config.head_dim", hd, hd, "model.layers.0.self_attn.q_norm.weight"),
+        (
+            "text_config.num_attention_heads",
+            text.num_attention_heads,
+            text.num_attention_heads * hd,
+            "model.layers.0.self_attn.q_proj.weight",
+        ),
+        (
+            "text_config.num_key_value_heads",
+            text.num_key_value_heads,
+            text.num_key_value_heads * hd,
+            "model.layers.0.self_attn.k_proj.weight",
+        ),
+        ("audio_config.d_model", audio.d_model, audio.d_model, "audio_tower.ln_post.weight"),
+        ("audio_config.output_dim", audio.output_dim, audio.output_dim, "audio_tower.proj2.weight"),
+        (
+            "audio_config.downsample_hidden_size",
+            audio.downsample_hidden_size,
+            audio.downsample_hidden_size,
+            "audio_tower.conv2d1.weight",
+        ),
+    ]
+    if config.is_forced_aligner:
+        rows.append(("classify_num", config.classify_num, config.classify_num, "lm_head.weight"))
+    for name, value, expected, key in rows:
+        shape = tuple(weights[key].shape) if key in weights else ()
+        if shape and shape[0] != expected:
+            per_head = f" ({expected} rows of head_dim {hd})" if expected != value else ""
+            raise ConfigError(f"config.json: {name} is {value}{per_head} but the weights hold {key} {shape}")
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint as read from disk, in any layout, mapped onto the module tree (weights still lazy)."""
@@ -226,9 +285,11 @@ def checkpoint_from(path: Path, raw: dict[str, Any], weights: dict[str, mx.array
     try:
         layout, config, weights = normalize(raw, weights)
         model_config = ModelConfig.from_dict(config)
+        weights = Qwen3ASR.sanitize(weights, model_config)
+        check_sizes(model_config, weights)
     except (LayoutError, ValueError, KeyError, TypeError) as e:
         raise ModelLoadError(f"{path}: {e}") from e
-    return Checkpoint(path, layout, config, model_config, Qwen3ASR.sanitize(weights, model_config))
+    return Checkpoint(path, layout, config, model_config, weights)
 
 
 def build_checked(path: Path) -> tuple[Qwen3ASR, Checkpoint]:

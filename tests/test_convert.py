@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -477,6 +478,15 @@ def _bad_json(path: Path) -> None:
     (path / "config.json").write_text("{not json")
 
 
+def _edit_text_config(key: str, value) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        config = json.loads((path / "config.json").read_text())
+        config["thinker_config"]["text_config"][key] = value
+        (path / "config.json").write_text(json.dumps(config))
+
+    return edit
+
+
 BAD_SOURCES = {
     "missing-config": (_missing_config, "no config.json"),
     "other-model-type": (_other_model, "not a Qwen3-ASR checkpoint"),
@@ -485,6 +495,18 @@ BAD_SOURCES = {
     "missing-weight": (_missing_weight, "missing weight(s): model.layers.1.mlp.up_proj.weight"),
     "no-weights": (_no_weights, "no *.safetensors"),
     "unreadable-config": (_bad_json, "config.json: unreadable"),
+    "more-layers-than-weights": (
+        _edit_text_config("num_hidden_layers", 3),
+        "config.json: text_config.num_hidden_layers is 3 but the weights hold 2 decoder layers",
+    ),
+    "zero-width": (
+        _edit_text_config("hidden_size", 0),
+        "config.json: text_config.hidden_size is 0; it must be between 1 and 65536",
+    ),
+    "string-size": (
+        _edit_text_config("vocab_size", "151936"),
+        "config.json: text_config.vocab_size is '151936', not an integer",
+    ),
 }
 
 

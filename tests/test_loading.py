@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,9 +16,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 import mlx_qwen3asr
+from mlx_qwen3asr import loading
+from mlx_qwen3asr.convert import convert_checkpoint
 from mlx_qwen3asr.generate import prefill_logits
 from mlx_qwen3asr.loading import ModelLoadError, resolve_model_path
-from mlx_qwen3asr.model import encoder_batch
+from mlx_qwen3asr.model import Qwen3ASR, encoder_batch
 
 CONVS = ("conv2d1", "conv2d2", "conv2d3")
 QUANT = {"group_size": 64, "bits": 4, "mode": "affine"}
@@ -393,6 +397,177 @@ def test_nonexistent_path(tmp_path, where, monkeypatch):
 def test_file_instead_of_directory(original):
     with pytest.raises(ModelLoadError, match="not a directory"):
         load(original / "config.json")
+
+
+# --------------------------------------------------------------------------------------------------
+# config.json against the weights, before any module is built
+# --------------------------------------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MISSING = object()
+
+
+@pytest.fixture(scope="module")
+def every_layout(checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """One tiny checkpoint of each published layout: the release, -hf and mlx-community's, ASR and aligner."""
+    base = tmp_path_factory.mktemp("community")
+    return {
+        "release": checkpoints("tiny"),
+        "hf": checkpoints("tiny", "hf"),
+        "mlx-community": convert_checkpoint(checkpoints("tiny"), base / "asr-4bit", bits=4).path,
+        "aligner release": checkpoints("aligner-tiny"),
+        "aligner hf": checkpoints("aligner-tiny", "hf"),
+        "aligner mlx-community": convert_checkpoint(
+            checkpoints("aligner-tiny"), base / "al-8bit", bits=8
+        ).path,
+    }
+
+
+def with_config(src: Path, dst: Path, section: str, key: str, value) -> Path:
+    """`src` with one field of config.json's audio_config or text_config changed (weights linked, not copied)."""
+    dst.mkdir(parents=True)
+    for file in src.iterdir():
+        if file.name != "config.json":
+            (dst / file.name).symlink_to(file)
+    config = json.loads((src / "config.json").read_text())
+    sections = config.get("thinker_config", config)[section]
+    if value is MISSING:
+        del sections[key]
+    else:
+        sections[key] = value
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+# (section, field, value, what the error says after "config.json: ")
+BAD_CONFIGS = {
+    "more decoder layers than stored": (
+        "text_config", "num_hidden_layers", 3,
+        "text_config.num_hidden_layers is 3 but the weights hold 2 decoder layers",
+    ),
+    "fewer decoder layers than stored": (
+        "text_config", "num_hidden_layers", 1,
+        "text_config.num_hidden_layers is 1 but the weights hold 2 decoder layers",
+    ),
+    "more encoder layers than stored": (
+        "audio_config", "encoder_layers", 300,
+        "audio_config.encoder_layers is 300 but the weights hold 2 encoder layers",
+    ),
+    "absurd layer count": (
+        "text_config", "num_hidden_layers", 1_000_000,
+        "text_config.num_hidden_layers is 1000000; it must be between 1 and 512",
+    ),
+    "zero width": ("text_config", "hidden_size", 0, "text_config.hidden_size is 0; it must be between 1 and 65536"),
+    "negative vocabulary": (
+        "text_config", "vocab_size", -1, "text_config.vocab_size is -1; it must be between 1 and 4194304"
+    ),
+    "absurd width": (
+        "audio_config", "d_model", 10**9, "audio_config.d_model is 1000000000; it must be between 1 and 65536"
+    ),
+    "vocabulary the weights do not hold": (
+        "text_config", "vocab_size", 200_000,
+        "text_config.vocab_size is 200000 but the weights hold model.embed_tokens.weight (",
+    ),
+    "head count the weights do not hold": (
+        "text_config", "num_attention_heads", 8,
+        "text_config.num_attention_heads is 8 (128 rows of head_dim 16) but the weights hold "
+        "model.layers.0.self_attn.q_proj.weight (64, ",
+    ),
+    "encoder heads that do not divide": (
+        "audio_config", "encoder_attention_heads", 5,
+        "audio_config.encoder_attention_heads (5) does not divide audio_config.d_model (64)",
+    ),
+    "key/value heads that do not divide": (
+        "text_config", "num_key_value_heads", 3,
+        "text_config.num_key_value_heads (3) does not divide text_config.num_attention_heads (4)",
+    ),
+    "string size": ("text_config", "num_hidden_layers", "2", "text_config.num_hidden_layers is '2', not an integer"),
+    "float size": ("audio_config", "encoder_ffn_dim", 128.0, "audio_config.encoder_ffn_dim is 128.0, not an integer"),
+    "missing size": ("text_config", "head_dim", MISSING, "text_config.head_dim is missing"),
+    "zero window": ("audio_config", "n_window", 0, "audio_config.n_window is 0; it must be between 1 and 1024"),
+    "string epsilon": (
+        "text_config", "rms_norm_eps", "small", "text_config.rms_norm_eps is 'small', not a positive number"
+    ),
+}  # fmt: skip
+
+
+class NotBuilt(Qwen3ASR):
+    def __init__(self, config):
+        raise AssertionError("a module tree was built from a config.json that does not fit its weights")
+
+
+@pytest.mark.parametrize("layout", ["release", "hf", "mlx-community", "aligner release", "aligner hf",
+                                    "aligner mlx-community"])  # fmt: skip
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_sizes_are_named_before_any_module_is_built(
+    every_layout, layout, case, tmp_path, monkeypatch
+):
+    section, key, value, message = BAD_CONFIGS[case]
+    path = with_config(every_layout[layout], tmp_path / "edited", section, key, value)
+    monkeypatch.setattr(loading, "Qwen3ASR", NotBuilt)
+    with pytest.raises(ModelLoadError) as err:
+        load(path)
+    assert str(err.value).startswith(f"{path}: config.json: {message}")
+    assert "\n" not in str(err.value)
+
+
+# Runs mlxasr and mlxasr-convert on each edited checkpoint under a 4 GB address-space limit, and reports
+# their exit statuses, standard error and the process's peak resident memory.
+CHILD = """
+import contextlib, io, json, resource, sys
+limit = 4 * 2**30
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from mlx_qwen3asr.cli.convert import main as convert
+from mlx_qwen3asr.cli.main import main as mlxasr
+jobs = json.loads(sys.argv[1])
+results = []
+for model, audio, out in jobs:
+    row = []
+    for run, argv in ((mlxasr, [audio, "--txt", "--model", model, "-o", out]), (convert, [model, "-o", out + "-mlx"])):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = run(argv)
+            except BaseException as e:
+                rc = repr(e)
+        row.append([rc, err.getvalue()])
+    results.append(row)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+print(json.dumps({"results": results, "peak": peak}))
+"""
+
+
+def test_absurd_config_sizes_fail_in_little_memory(every_layout, tmp_path):
+    import soundfile as sf
+    from reference import test_signal
+
+    audio = tmp_path / "talk.wav"
+    sf.write(audio, test_signal(1.0), 16000)
+    jobs, expected = [], []
+    for i, (layout, src) in enumerate(every_layout.items()):
+        for j, (section, key, value, message) in enumerate(
+            [BAD_CONFIGS["absurd layer count"], BAD_CONFIGS["absurd width"]]
+        ):
+            path = with_config(src, tmp_path / f"{i}-{j}", section, key, value)
+            jobs.append([str(path), str(audio), str(tmp_path / f"out-{i}-{j}")])
+            expected.append((layout, path, message))
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(jobs)],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    for (layout, path, message), ((asr_rc, asr_err), (convert_rc, convert_err)) in zip(
+        expected, report["results"], strict=True
+    ):
+        errors = [line for line in asr_err.splitlines() if line.startswith("error:")]
+        assert asr_rc == 2 and errors == [f"error: model {path}: config.json: {message}"], (layout, asr_err)
+        assert convert_rc == 1, (layout, convert_rc, convert_err)
+        assert convert_err.splitlines()[-1] == f"mlxasr-convert: error: {path}: config.json: {message}", (
+            layout
+        )
+    assert report["peak"] < 2**30, report["peak"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == []
 
 
 # --------------------------------------------------------------------------------------------------
