@@ -1,9 +1,14 @@
-"""Checkpoints from the Hugging Face hub: a complete cached copy first, the network with timeouts after.
+"""Checkpoints from the Hugging Face hub: a complete cached copy first, the network under a watchdog after.
 
 A repo id already downloaded in full is used from the cache without any network request, so a run
-starts offline and never waits on the hub. Otherwise huggingface_hub fetches it, with connect and read
-timeouts on every request: its repository lookup has none of its own, and a hub that accepts the
-connection but never answers would otherwise hang the run. Every failure becomes one HubError line
+starts offline and never waits on the hub. Otherwise huggingface_hub fetches it in a child process
+that reports progress: each read from a socket that returns data, and each change in the size of the
+repo's downloaded files. When nothing arrives for $MLXASR_HUB_TIMEOUT seconds the child is killed and
+the fetch fails. Timeouts set on the requests could not guarantee that: huggingface_hub passes its own
+(`timeout=None` on its repository lookup), and a hub that accepts the connection but never answers, or
+sends headers and then stalls, would hang the run. A slow hub is not a silent one: bytes arriving, at
+any rate, keep the fetch alive. Killing the child also releases its file locks and its download
+threads, which an abandoned thread in this process would hold. Every failure becomes one HubError line
 that says what to do.
 """
 
@@ -11,14 +16,29 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 # What a snapshot download needs: weights, configs, tokenizer and templates.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja"]
-# Seconds to wait for a connection, and for the next bytes of an answer ($MLXASR_HUB_TIMEOUT).
-CONNECT_TIMEOUT = 10.0
+# Seconds the hub may send nothing before the fetch fails ($MLXASR_HUB_TIMEOUT).
 READ_TIMEOUT = 60.0
 TIMEOUT_ENV = "MLXASR_HUB_TIMEOUT"
+# Seconds the fetching process may take to start (import huggingface_hub) before the fetch fails.
+START_TIMEOUT = 60.0
+# How often the fetching process looks for progress.
+POLL_SECONDS = 0.1
+
+# Run in the fetching process: this file, loaded by its path so that the package (and MLX) is not
+# imported, then fetch_worker() with the request.
+_WORKER = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('_mlxasr_hub_fetch', sys.argv[1])\n"
+    "module = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(module)\n"
+    "module.fetch_worker(sys.argv[2])\n"
+)
 
 
 class HubError(Exception):
@@ -61,65 +81,166 @@ def cached_snapshot(repo: str) -> Path | None:
     return path if is_complete(path) else None
 
 
-_timeouts_installed = False
-
-
-def _install_timeouts() -> None:
-    """Give every huggingface_hub request connect and read timeouts unless it sets its own."""
-    global _timeouts_installed
-    if _timeouts_installed:
-        return
-    timeout = (CONNECT_TIMEOUT, read_timeout())
-    try:
-        from huggingface_hub.utils import _http
-    except ImportError:
-        return
-    if hasattr(_http, "configure_http_backend") and hasattr(_http, "_GLOBAL_BACKEND_FACTORY"):
-        factory = _http._GLOBAL_BACKEND_FACTORY  # requests backend (huggingface_hub < 1.0)
-
-        def timed_session():
-            session = factory()
-            request = session.request
-
-            def timed(method, url, *args, **kwargs):
-                if kwargs.get("timeout") is None:
-                    kwargs["timeout"] = timeout
-                return request(method, url, *args, **kwargs)
-
-            session.request = timed
-            return session
-
-        _http.configure_http_backend(backend_factory=timed_session)
-    elif hasattr(_http, "set_client_factory") and hasattr(_http, "default_client_factory"):
-        # huggingface_hub >= 1.0: an httpx client (the module is `httpx` or, from 2.0, `httpx2`);
-        # its own Timeout class is used, whichever module that is.
-
-        def timed_client():
-            client = _http.default_client_factory()
-            client.timeout = type(client.timeout)(timeout[1], connect=timeout[0])
-            return client
-
-        _http.set_client_factory(timed_client)
-    _timeouts_installed = True
-
-
 def snapshot(repo: str) -> Path:
     """A local folder with the repo's checkpoint: from the cache when complete, else downloaded."""
     cached = cached_snapshot(repo)
     if cached is not None:
         return cached
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         raise HubError(
             f"{repo}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set; "
             "download it once with the network on, or give a checkpoint folder"
         )
-    _install_timeouts()
+    request = {"repo": repo, "cache_dir": str(constants.HF_HUB_CACHE), "endpoint": constants.ENDPOINT}
+    result = _fetch(request, read_timeout())
+    if "path" in result:
+        return Path(result["path"])
+    raise HubError(f"{repo}: {_reason(result.get('error') or [['Exception', 'no result']])}")
+
+
+def _silent(seconds: float) -> str:
+    return (
+        f"the Hugging Face hub did not answer within {seconds:g} s; check the network, set "
+        f"{TIMEOUT_ENV} to wait longer, or give a local checkpoint folder"
+    )
+
+
+def _fetch(request: dict, timeout: float) -> dict:
+    """Run fetch_worker in a child process; its result, or HubError once it sends nothing for `timeout`."""
+    import queue
+    import subprocess
+    import threading
+
+    repo = request["repo"]
     try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
-    except Exception as e:
-        raise HubError(f"{repo}: {_reason(e)}") from e
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(Path(__file__).resolve()), json.dumps(request)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+    except OSError as e:
+        raise HubError(f"{repo}: cannot start the download ({e})") from e
+    lines: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        started = False
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                if started:
+                    raise HubError(f"{repo}: {_silent(timeout)}") from None
+                raise HubError(f"{repo}: the download did not start within {START_TIMEOUT:g} s") from None
+            if line is None:
+                raise HubError(f"{repo}: the download stopped (exit status {proc.wait()})")
+            if line.startswith(b"result "):
+                return json.loads(line[len(b"result ") :])
+            started = True  # progress: the clock starts again
+            deadline = time.monotonic() + timeout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def fetch_worker(request: str) -> None:
+    """The fetching process: snapshot_download, with a `progress` line on stdout whenever bytes arrived or
+    the download grew, then one `result` line (the path, or the exception chain). Ctrl-C and the end of
+    the parent (its pipe on stdin closing) end it; its own stdout goes to stderr."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent kills it
+    if sys.path and sys.path[0] in ("", "."):
+        del sys.path[0]  # the working folder must not shadow huggingface_hub
+    args = json.loads(request)
+    report_fd = os.dup(1)
+    os.dup2(2, 1)
+    lock = threading.Lock()
+
+    def send(line: str) -> None:
+        with lock:
+            os.write(report_fd, line.encode() + b"\n")
+
+    def exit_with_parent() -> None:
+        sys.stdin.buffer.read()
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
+    from huggingface_hub import snapshot_download
+
+    received = _count_received()
+    folder = Path(args["cache_dir"]) / ("models--" + args["repo"].replace("/", "--"))
+
+    def watch() -> None:
+        last = None
+        while True:
+            state = (received[0], _download_size(folder))
+            if state != last:
+                send("progress")
+                last = state
+            time.sleep(POLL_SECONDS)
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        path = snapshot_download(
+            args["repo"], allow_patterns=HUB_PATTERNS, cache_dir=args["cache_dir"], endpoint=args["endpoint"]
+        )
+        result = {"path": str(path)}
+    except BaseException as e:
+        result = {"error": [[type(x).__name__, " ".join(str(x).split())] for x in _chain(e)]}
+    send("result " + json.dumps(result))
+    os._exit(0)  # download threads still blocked on a socket must not hold the process
+
+
+def _count_received() -> list[int]:
+    """A counter of socket reads that returned data, in every thread of this process (the fetching one)."""
+    import socket
+    import ssl
+
+    received = [0]
+
+    def counted(read):
+        def wrapper(self, *args, **kwargs):
+            data = read(self, *args, **kwargs)
+            if data:
+                received[0] += 1
+            return data
+
+        return wrapper
+
+    # Plain sockets read with recv/recv_into; TLS sockets decrypt with read, which their recv calls.
+    for cls, names in ((socket.socket, ("recv", "recv_into")), (ssl.SSLSocket, ("read",))):
+        for name in names:
+            setattr(cls, name, counted(getattr(cls, name)))
+    return received
+
+
+def _download_size(folder: Path) -> int:
+    """Bytes in the repo's cached blobs, partial downloads included: what downloads outside Python's
+    sockets (hf_xet) have written."""
+    total = 0
+    try:
+        with os.scandir(folder / "blobs") as entries:
+            for entry in entries:
+                try:
+                    total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
 
 
 def _chain(e: BaseException) -> list[BaseException]:
@@ -130,14 +251,11 @@ def _chain(e: BaseException) -> list[BaseException]:
     return out
 
 
-def _reason(e: Exception) -> str:
-    name = type(e).__name__
-    text = " ".join(str(e).split())
-    if any("Timeout" in type(x).__name__ or "timed out" in str(x).lower() for x in _chain(e)):
-        return (
-            f"the Hugging Face hub did not answer within {read_timeout():g} s; check the network, set "
-            f"{TIMEOUT_ENV} to wait longer, or give a local checkpoint folder"
-        )
+def _reason(chain: list[list[str]]) -> str:
+    """One line from the fetch's exception chain, as [type name, message] pairs, outermost first."""
+    name, text = chain[0]
+    if any("Timeout" in n or "timed out" in t.lower() for n, t in chain):
+        return "a request to the Hugging Face hub timed out; check the network, or give a local checkpoint folder"
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
         return "no such repository on the Hugging Face hub, or it needs a login (huggingface-cli login)"
     if name in ("LocalEntryNotFoundError", "ConnectionError", "OfflineModeIsEnabled"):

@@ -1,4 +1,4 @@
-"""Repo ids: a complete cached copy is used without the network; a silent hub times out with one line."""
+"""Repo ids: a complete cached copy is used without the network; a hub that sends nothing fails in one line."""
 
 from __future__ import annotations
 
@@ -12,38 +12,114 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture
-def silent_hub():
-    """A server that accepts connections and never answers: the hub hanging."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
+# The read timeout the tests give the fetch ($MLXASR_HUB_TIMEOUT), and what a fetch may take beyond it
+# on a loaded machine (starting the fetching process, importing huggingface_hub).
+TIMEOUT = 1
+SLACK = 10
+HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+# A repository lookup answered "no such repository", one byte at a time.
+NOT_FOUND_BODY = b'{"error": "Repository not found"}'
+NOT_FOUND = (
+    b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nX-Error-Code: RepoNotFound\r\n"
+    b"X-Error-Message: Repository not found\r\nContent-Length: %d\r\n\r\n" % len(NOT_FOUND_BODY)
+)
+# The trickle: each answer's body in TRICKLE_PIECES pieces, each after 0.6 of the timeout.
+TRICKLE_PIECES = 3
+TRICKLE_GAP = 0.6 * TIMEOUT
+TRICKLE_SECONDS = TRICKLE_PIECES * TRICKLE_GAP
 
-    def accept():
-        server.settimeout(0.2)
+
+@pytest.fixture
+def hub_server():
+    """Loopback servers that play the hub: `start(answer)` serves every connection with `answer(conn,
+    stop)` on a thread of its own and returns the endpoint. Connections stay open until the test ends."""
+    stop = threading.Event()
+    servers: list[socket.socket] = []
+    held: list[socket.socket] = []
+    threads: list[threading.Thread] = []
+
+    def serve(server, answer):
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
-                held.append(conn)
             except OSError:
                 continue
+            held.append(conn)
+            thread = threading.Thread(target=answer, args=(conn, stop), daemon=True)
+            thread.start()
+            threads.append(thread)
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    def start(answer) -> str:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        server.settimeout(0.2)
+        servers.append(server)
+        thread = threading.Thread(target=serve, args=(server, answer), daemon=True)
+        thread.start()
+        threads.append(thread)
+        return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
     stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    for thread in threads:
+        thread.join(timeout=5)
+    for sock in held + servers:
+        sock.close()
+
+
+def read_request(conn: socket.socket, stop: threading.Event) -> bool:
+    """Read a request's head; False when the client went away or the test ended first."""
+    conn.settimeout(0.2)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if stop.is_set():
+            return False
+        try:
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        data += chunk
+    return True
+
+
+def never_answers(conn: socket.socket, stop: threading.Event) -> None:
+    """Accepts the connection and sends nothing."""
+
+
+def headers_then_stalls(conn: socket.socket, stop: threading.Event) -> None:
+    """Answers with the status line, the headers and one byte of the body, then sends nothing."""
+    if read_request(conn, stop):
+        conn.sendall(HEADERS + b"{")
+
+
+def trickles_not_found(conn: socket.socket, stop: threading.Event) -> None:
+    """Answers every request "no such repository", the body in TRICKLE_PIECES pieces TRICKLE_GAP seconds
+    apart."""
+    size = -(-len(NOT_FOUND_BODY) // TRICKLE_PIECES)
+    while read_request(conn, stop):
+        conn.sendall(NOT_FOUND)
+        for i in range(0, len(NOT_FOUND_BODY), size):
+            if stop.wait(TRICKLE_GAP):
+                return
+            conn.sendall(NOT_FOUND_BODY[i : i + size])
+
+
+@pytest.fixture
+def silent_hub(hub_server):
+    """A server that accepts connections and never answers: the hub hanging."""
+    return hub_server(never_answers)
 
 
 def make_cache(root: Path, checkpoint: Path, repo: str = "acme/tiny-asr", drop: str | None = None) -> Path:
@@ -60,15 +136,18 @@ def make_cache(root: Path, checkpoint: Path, repo: str = "acme/tiny-asr", drop: 
 def run_load(
     repo: str, env: dict[str, str], timeout: float = 60
 ) -> tuple[subprocess.CompletedProcess, float]:
+    """mlx_qwen3asr.load(repo) in a fresh process; its output and the seconds the call took."""
     code = (
-        "import sys, mlx_qwen3asr\n"
+        "import sys, time, mlx_qwen3asr\n"
+        "start = time.monotonic()\n"
         "try:\n"
         f"    m = mlx_qwen3asr.load({repo!r})\n"
         "    print('LOADED', m.path)\n"
         "except mlx_qwen3asr.ModelLoadError as e:\n"
         "    print('ERROR', e); sys.exit(2)\n"
+        "finally:\n"
+        "    print(f'{time.monotonic() - start:.3f}', file=sys.stderr)\n"
     )
-    start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, **env},
@@ -77,13 +156,29 @@ def run_load(
         timeout=timeout,
         cwd=REPO_ROOT,
     )
-    return proc, time.monotonic() - start
+    return proc, float(proc.stderr.splitlines()[-1])
 
 
 def hub_env(cache: Path, endpoint: str, **extra: str) -> dict[str, str]:
     env = {"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"}
     env.update(extra)
     return env
+
+
+SILENT = (
+    "ERROR acme/not-cached: the Hugging Face hub did not answer within 1 s; check the network, "
+    "set MLXASR_HUB_TIMEOUT to wait longer, or give a local checkpoint folder"
+)
+
+
+def test_huggingface_hub_version_is_reported(measurements):
+    """The hub tests run against the huggingface_hub installed here (the test extra pins an old one; a
+    plain install gets the newest): the version is printed at the end of the run."""
+    import huggingface_hub
+
+    version = huggingface_hub.__version__
+    assert version.split(".")[0].isdigit()
+    measurements.append(f"tests/test_hub.py ran against huggingface_hub {version}")
 
 
 def test_complete_cached_copy_loads_without_the_network(tmp_path, checkpoints, silent_hub):
@@ -94,16 +189,46 @@ def test_complete_cached_copy_loads_without_the_network(tmp_path, checkpoints, s
     assert seconds < 30  # the silent hub was never asked
 
 
-def test_silent_hub_times_out_with_one_line(tmp_path, silent_hub):
+@pytest.mark.parametrize("answer", [never_answers, headers_then_stalls], ids=["silent", "headers-then-stall"])
+def test_silent_hub_times_out_with_one_line(tmp_path, hub_server, answer):
+    """Whatever timeouts huggingface_hub sets on its own requests (none, on 2.x's repository lookup),
+    a hub that sends nothing for MLXASR_HUB_TIMEOUT seconds fails the fetch in one line."""
     (tmp_path / "hub").mkdir()
-    env = hub_env(tmp_path / "hub", silent_hub, MLXASR_HUB_TIMEOUT="1")
-    proc, seconds = run_load("acme/not-cached", env)
-    assert proc.returncode == 2
+    env = hub_env(tmp_path / "hub", hub_server(answer), MLXASR_HUB_TIMEOUT=str(TIMEOUT))
+    proc, seconds = run_load("acme/not-cached", env, timeout=TIMEOUT + SLACK + 30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [SILENT]
+    assert TIMEOUT <= seconds < TIMEOUT + SLACK
+
+
+def test_a_trickling_hub_is_not_cut_off(tmp_path, hub_server):
+    """Bytes arriving, however slowly, are not silence: answers whose pieces come 0.6 of the timeout
+    apart, each longer than the timeout, are read to their end."""
+    (tmp_path / "hub").mkdir()
+    env = hub_env(tmp_path / "hub", hub_server(trickles_not_found), MLXASR_HUB_TIMEOUT=str(TIMEOUT))
+    proc, seconds = run_load("acme/not-cached", env, timeout=TRICKLE_SECONDS + SLACK + 30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == [
-        "ERROR acme/not-cached: the Hugging Face hub did not answer within 1 s; check the network, "
-        "set MLXASR_HUB_TIMEOUT to wait longer, or give a local checkpoint folder"
+        "ERROR acme/not-cached: no such repository on the Hugging Face hub, or it needs a login "
+        "(huggingface-cli login)"
     ]
-    assert seconds < 45
+    assert TRICKLE_SECONDS <= seconds < TRICKLE_SECONDS + SLACK
+
+
+def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens: connections are refused
+    (tmp_path / "hub").mkdir()
+    env = hub_env(tmp_path / "hub", f"http://127.0.0.1:{port}", MLXASR_HUB_TIMEOUT="30")
+    proc, seconds = run_load("acme/not-cached", env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "ERROR acme/not-cached: cannot reach the Hugging Face hub and no complete copy is cached; "
+        "check the network, or give a local checkpoint folder"
+    ]
+    assert seconds < SLACK  # well inside the 30 s timeout
 
 
 def test_incomplete_cached_copy_is_not_used(tmp_path, checkpoints):
@@ -113,26 +238,46 @@ def test_incomplete_cached_copy_is_not_used(tmp_path, checkpoints):
     assert "acme/tiny-asr: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set" in proc.stdout
 
 
+def run_command(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT + SLACK + 60,
+        cwd=REPO_ROOT,
+    )
+    return proc, time.monotonic() - start
+
+
 def test_cli_stops_on_a_silent_hub_before_writing(tmp_path, silent_hub):
     import soundfile as sf
-    from reference import test_signal
 
-    sf.write(tmp_path / "talk.wav", test_signal(1.0), 16000)
+    sf.write(tmp_path / "talk.wav", np.zeros(16000, dtype=np.float32), 16000)
     (tmp_path / "hub").mkdir()
-    env = {**os.environ, **hub_env(tmp_path / "hub", silent_hub, MLXASR_HUB_TIMEOUT="1")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlx_qwen3asr.cli.main",
-        str(tmp_path / "talk.wav"),
-        "--model",
-        "acme/absent",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert proc.returncode == 2
+    env = hub_env(tmp_path / "hub", silent_hub, MLXASR_HUB_TIMEOUT=str(TIMEOUT))
+    args = ["mlx_qwen3asr.cli.main", str(tmp_path / "talk.wav"), "--model", "acme/absent"]
+    proc, seconds = run_command(args, env)
+    assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "did not answer within 1 s" in errors[0]
+    assert len(errors) == 1 and "did not answer within 1 s" in errors[0], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hub", "talk.wav"]
+    assert seconds < TIMEOUT + 2 * SLACK  # starting the command included
+
+
+def test_convert_stops_on_a_silent_hub_before_writing(tmp_path, silent_hub):
+    (tmp_path / "hub").mkdir()
+    env = hub_env(tmp_path / "hub", silent_hub, MLXASR_HUB_TIMEOUT=str(TIMEOUT))
+    args = ["mlx_qwen3asr.cli.convert", "acme/absent", "-o", str(tmp_path / "out"), "--bits", "4"]
+    proc, seconds = run_command(args, env)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "mlxasr-convert: error: acme/absent: the Hugging Face hub did not answer within 1 s; check the "
+        "network, set MLXASR_HUB_TIMEOUT to wait longer, or give a local checkpoint folder"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hub"]
+    assert seconds < TIMEOUT + 2 * SLACK
 
 
 def test_size_mismatch_is_summarised(tmp_path, checkpoints):
@@ -150,37 +295,3 @@ def test_size_mismatch_is_summarised(tmp_path, checkpoints):
     assert len(message) < 1200 and "\n" not in message
     assert "weight shape(s) differ: " in message and " more" in message
     assert "config.json's sizes do not match these weights" in message
-
-
-def test_timeouts_reach_the_httpx_client_of_huggingface_hub_1_and_later(monkeypatch):
-    """huggingface_hub >= 1.0 makes its requests with an httpx client (module `httpx2` from 2.0): the
-    timeouts are set with that client's own Timeout class, whatever module it comes from."""
-    import types
-
-    from huggingface_hub.utils import _http as real_http
-
-    from mlx_qwen3asr import hub
-
-    class Timeout:  # stands in for httpx2.Timeout: hub must not import any httpx module by name
-        def __init__(self, timeout, *, connect=None):
-            self.read, self.connect = timeout, connect
-
-    class Client:
-        def __init__(self):
-            self.timeout = Timeout(None)
-
-    installed = []
-    fake = types.ModuleType("huggingface_hub.utils._http")
-    fake.default_client_factory = Client
-    fake.set_client_factory = installed.append
-    monkeypatch.setattr(sys.modules["huggingface_hub.utils"], "_http", fake)
-    monkeypatch.setitem(sys.modules, "huggingface_hub.utils._http", fake)
-    monkeypatch.setitem(sys.modules, "httpx", None)  # importing it would fail
-    monkeypatch.setattr(hub, "_timeouts_installed", False)
-    monkeypatch.setenv("MLXASR_HUB_TIMEOUT", "7")
-    hub._install_timeouts()
-    assert len(installed) == 1
-    client = installed[0]()
-    assert isinstance(client.timeout, Timeout)
-    assert (client.timeout.read, client.timeout.connect) == (7.0, hub.CONNECT_TIMEOUT)
-    assert real_http is not fake
