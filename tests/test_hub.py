@@ -286,8 +286,9 @@ def test_size_mismatch_is_summarised(tmp_path, checkpoints):
     path = tmp_path / "mismatch"
     shutil.copytree(checkpoints("tiny"), path)
     config = json.loads((path / "config.json").read_text())
-    text = config["thinker_config"]["text_config"]
-    text["hidden_size"], text["intermediate_size"] = 128, 256
+    # Feed-forward widths: config.json's own checks pass them, the weights' shapes do not.
+    config["thinker_config"]["text_config"]["intermediate_size"] = 256
+    config["thinker_config"]["audio_config"]["encoder_ffn_dim"] = 256
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(mlx_qwen3asr.ModelLoadError) as err:
         mlx_qwen3asr.load(path)
