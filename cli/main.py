@@ -50,7 +50,7 @@ from mlx_qwen3asr.batch import (
     write_outputs,
 )
 from mlx_qwen3asr.loading import DTYPES, load, require_kind
-from mlx_qwen3asr.prompt import ContextTooLongError, prompt_prefix_ids, resolve_language
+from mlx_qwen3asr.prompt import ContextError, check_context, read_context_file, resolve_language
 from mlx_qwen3asr.result import Segment
 from mlx_qwen3asr.scheduler import (
     DEFAULT_MAX_SEGMENT_SECONDS,
@@ -735,10 +735,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
     context = args.context or ""
     if args.context_file is not None:
         try:
-            context = args.context_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as e:
-            reason = getattr(e, "strerror", None) or str(e)
-            parser.error(f"argument --context-file: {_printable(str(args.context_file))}: {reason}")
+            context = read_context_file(args.context_file)  # bounded in bytes and, for a pipe, in time
+        except ContextError as e:
+            parser.error(f"argument --context-file: {_printable(str(args.context_file))}: {e}")
     if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
         parser.error(f"argument -o/--output-dir: {_printable(str(args.output_dir))} is not a folder")
     formats = _formats(args)
@@ -844,8 +843,8 @@ def _transcribe_all(
         return EXIT_USAGE
     try:
         if options.context:
-            prompt_prefix_ids(model.tokenizer, options.context)  # the context's length needs the tokenizer
-    except ContextTooLongError as e:
+            check_context(model.tokenizer, options.context)  # length and control tokens need the tokenizer
+    except ContextError as e:
         where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
         report.error(f"{where}: {e}")
         return EXIT_USAGE
