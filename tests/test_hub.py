@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = "acme/tiny-asr"
 
 
 # The read timeout the tests give the fetch ($MLXASR_HUB_TIMEOUT), and what a fetch may take beyond it
@@ -75,23 +77,23 @@ def hub_server():
         sock.close()
 
 
-def read_request(conn: socket.socket, stop: threading.Event) -> bool:
-    """Read a request's head; False when the client went away or the test ended first."""
+def read_request(conn: socket.socket, stop: threading.Event) -> bytes | None:
+    """A request's head; None when the client went away or the test ended first."""
     conn.settimeout(0.2)
     data = b""
     while b"\r\n\r\n" not in data:
         if stop.is_set():
-            return False
+            return None
         try:
             chunk = conn.recv(4096)
         except TimeoutError:
             continue
         except OSError:
-            return False
+            return None
         if not chunk:
-            return False
+            return None
         data += chunk
-    return True
+    return data
 
 
 def never_answers(conn: socket.socket, stop: threading.Event) -> None:
@@ -114,6 +116,48 @@ def trickles_not_found(conn: socket.socket, stop: threading.Event) -> None:
             if stop.wait(TRICKLE_GAP):
                 return
             conn.sendall(NOT_FOUND_BODY[i : i + size])
+
+
+def sha1(data: bytes) -> str:
+    """The hub's id of a small file (git's blob hash)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def serves_repo(files: dict[str, bytes], stall: str | None = None):
+    """A hub with one repository, answering as huggingface_hub expects: its file list from the API, each
+    file's metadata and content from /resolve/. The file named `stall` sends half its content, then
+    nothing."""
+
+    def answer(conn: socket.socket, stop: threading.Event) -> None:
+        while (head := read_request(conn, stop)) is not None:
+            method, target = head.split(b" ", 2)[:2]
+            path = target.decode().split("?")[0]
+            name = path.rsplit("/", 1)[-1]
+            if path.startswith(f"/api/models/{REPO}/tree/"):  # huggingface_hub 2.x lists the files
+                tree = [{"type": "file", "path": n, "size": len(b), "oid": sha1(b)} for n, b in files.items()]
+                body, extra = json.dumps(tree).encode(), ""
+            elif path.startswith(f"/api/models/{REPO}"):
+                siblings = [{"rfilename": n} for n in files]
+                body = json.dumps({"id": REPO, "sha": COMMIT, "siblings": siblings}).encode()
+                extra = ""
+            elif path.startswith(f"/{REPO}/resolve/") and name in files:
+                body = files[name]
+                extra = f'X-Repo-Commit: {COMMIT}\r\nETag: "{sha1(body)}"\r\n'
+            else:
+                body, extra = b"{}", ""
+            status = "200 OK" if body != b"{}" else "404 Not Found"
+            conn.sendall(
+                f"HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\n{extra}"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+            )
+            if method == b"HEAD":
+                continue
+            if name == stall:
+                conn.sendall(body[: len(body) // 2])
+                return
+            conn.sendall(body)
+
+    return answer
 
 
 @pytest.fixture
@@ -146,7 +190,7 @@ def run_load(
         "except mlx_qwen3asr.ModelLoadError as e:\n"
         "    print('ERROR', e); sys.exit(2)\n"
         "finally:\n"
-        "    print(f'{time.monotonic() - start:.3f}', file=sys.stderr)\n"
+        "    print(f'\\nSECONDS {time.monotonic() - start:.3f}', file=sys.stderr)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
@@ -156,7 +200,7 @@ def run_load(
         timeout=timeout,
         cwd=REPO_ROOT,
     )
-    return proc, float(proc.stderr.splitlines()[-1])
+    return proc, float(proc.stderr.rsplit("SECONDS ", 1)[-1])
 
 
 def hub_env(cache: Path, endpoint: str, **extra: str) -> dict[str, str]:
@@ -229,6 +273,33 @@ def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
         "check the network, or give a local checkpoint folder"
     ]
     assert seconds < SLACK  # well inside the 30 s timeout
+
+
+def repo_files(checkpoint: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(checkpoint.iterdir())}
+
+
+def test_reachable_hub_downloads_the_checkpoint(tmp_path, checkpoints, hub_server):
+    files = repo_files(checkpoints("tiny"))
+    (tmp_path / "hub").mkdir()
+    env = hub_env(tmp_path / "hub", hub_server(serves_repo(files)), MLXASR_HUB_TIMEOUT=str(TIMEOUT))
+    proc, _ = run_load(REPO, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    snapshot = tmp_path / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT
+    assert proc.stdout.splitlines() == [f"LOADED {snapshot}"]
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == files
+
+
+def test_hub_stalling_in_a_download_times_out_with_one_line(tmp_path, checkpoints, hub_server):
+    """Half the weights arrive, then nothing: the fetch fails a timeout after the last bytes, although
+    huggingface_hub's download threads are still waiting on the socket."""
+    files = repo_files(checkpoints("tiny"))
+    (tmp_path / "hub").mkdir()
+    endpoint = hub_server(serves_repo(files, stall="model.safetensors"))
+    proc, seconds = run_load(REPO, hub_env(tmp_path / "hub", endpoint, MLXASR_HUB_TIMEOUT=str(TIMEOUT)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [SILENT.replace("acme/not-cached", REPO)]
+    assert TIMEOUT <= seconds < TIMEOUT + SLACK
 
 
 def test_incomplete_cached_copy_is_not_used(tmp_path, checkpoints):
