@@ -2,14 +2,14 @@
 
 A repo id already downloaded in full is used from the cache without any network request, so a run
 starts offline and never waits on the hub. Otherwise huggingface_hub fetches it in a child process
-that reports progress: each read from a socket that returns data, and each change in the size of the
-repo's downloaded files. When nothing arrives for $MLXASR_HUB_TIMEOUT seconds the child is killed and
-the fetch fails. Timeouts set on the requests could not guarantee that: huggingface_hub passes its own
-(`timeout=None` on its repository lookup), and a hub that accepts the connection but never answers, or
-sends headers and then stalls, would hang the run. A slow hub is not a silent one: bytes arriving, at
-any rate, keep the fetch alive. Killing the child also releases its file locks and its download
-threads, which an abandoned thread in this process would hold. Every failure becomes one HubError line
-that says what to do.
+that reports progress: a socket read that returns data, a change in the size of the repo's downloaded
+files, a step of a progress bar. When none comes for $MLXASR_HUB_TIMEOUT seconds the child is killed
+and the fetch fails. Timeouts set on the requests could not guarantee that: huggingface_hub passes its
+own (`timeout=None` on 2.x's repository lookup, a 10 s read timeout with retries on 0.x's downloads),
+and a hub that accepts the connection but never answers, or sends headers and then stalls, would hang
+the run. A slow hub is not a silent one: bytes arriving, at any rate, keep the fetch alive. Killing
+the child also ends its download threads and releases its file locks, which threads abandoned in this
+process would hold. Every failure becomes one HubError line that says what to do.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def fetch_worker(request: str) -> None:
     threading.Thread(target=exit_with_parent, daemon=True).start()
     from huggingface_hub import snapshot_download
 
-    received = _count_received()
+    received = _count_progress()
     folder = Path(args["cache_dir"]) / ("models--" + args["repo"].replace("/", "--"))
 
     def watch() -> None:
@@ -204,18 +204,20 @@ def fetch_worker(request: str) -> None:
     os._exit(0)  # download threads still blocked on a socket must not hold the process
 
 
-def _count_received() -> list[int]:
-    """A counter of socket reads that returned data, in every thread of this process (the fetching one)."""
+def _count_progress() -> list[int]:
+    """A counter of socket reads that returned data and of progress bars advancing, in every thread of
+    this process (the fetching one): hf_xet downloads outside Python's sockets and reports its bytes on
+    huggingface_hub's progress bars."""
     import socket
     import ssl
 
-    received = [0]
+    counter = [0]
 
     def counted(read):
         def wrapper(self, *args, **kwargs):
             data = read(self, *args, **kwargs)
             if data:
-                received[0] += 1
+                counter[0] += 1
             return data
 
         return wrapper
@@ -224,7 +226,19 @@ def _count_received() -> list[int]:
     for cls, names in ((socket.socket, ("recv", "recv_into")), (ssl.SSLSocket, ("read",))):
         for name in names:
             setattr(cls, name, counted(getattr(cls, name)))
-    return received
+    try:
+        from tqdm.std import tqdm  # every progress bar of huggingface_hub derives from it
+    except ImportError:
+        return counter
+    update = tqdm.update
+
+    def counted_update(self, n=1):
+        if n:
+            counter[0] += 1
+        return update(self, n)
+
+    tqdm.update = counted_update
+    return counter
 
 
 def _download_size(folder: Path) -> int:
