@@ -65,7 +65,9 @@ def test_a_lone_clone_makes_checkpoints_from_its_own_files(lone_clone, tmp_path)
     done = _run([sys.executable, "tools/make_checkpoint.py", "--preset", "tiny", "-o", str(out)], lone_clone)
     assert done.returncode == 0, done.stderr
     assert (out / "config.json").is_file() and (out / "vocab.json").is_file()
-    assert (out / "merges.txt").stat().st_size == (lone_clone / "tools/published/tokenizer/merges.txt").stat().st_size
+    assert (out / "merges.txt").stat().st_size == (
+        lone_clone / "tools/published/tokenizer/merges.txt"
+    ).stat().st_size
 
 
 def test_a_lone_clone_runs_its_tests(lone_clone):
