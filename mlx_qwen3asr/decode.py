@@ -272,6 +272,14 @@ class _RateRefused(AudioError):
     """A sample rate outside the accepted range (passed on as it is, never retried with ffmpeg)."""
 
 
+class AudioTooLong(AudioError):
+    """The audio decodes to more than the caller's limit; decoding stopped there."""
+
+    def __init__(self, path: str, seconds: float, limit: float):
+        super().__init__(path, f"decodes to more than {limit:g} s of audio")
+        self.seconds, self.limit = seconds, limit
+
+
 @dataclass
 class _WavHeader:
     """What a RIFF/RF64/BW64 WAVE header states (libsndfile reports what is present, or refuses)."""
@@ -551,8 +559,9 @@ class DecodedAudio:
         return self.header_seconds - self.seconds > max(TRUNCATION_SECONDS, 0.01 * self.header_seconds)
 
 
-def _drain(path: str, source: _Source) -> tuple[Signal, float]:
-    """Mix, resample and store every block of a source; returns the signal and the decoded seconds."""
+def _drain(path: str, source: _Source, max_seconds: float | None = None) -> tuple[Signal, float]:
+    """Mix, resample and store every block of a source; returns the signal and the decoded seconds.
+    Past `max_seconds` of audio it stops at once with AudioTooLong."""
     writer = _SignalWriter(path)
     resampler = None
     # Input frames per resampling step: upsampling lengthens a block by 16000 / rate, so it is fed in
@@ -566,6 +575,8 @@ def _drain(path: str, source: _Source) -> tuple[Signal, float]:
             resampler = soxr.ResampleStream(source.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
         for block in source.blocks:
             frames += block.shape[0]
+            if max_seconds is not None and frames > max_seconds * source.rate:
+                raise AudioTooLong(path, frames / source.rate, max_seconds)
             mono = block[:, 0] if block.shape[1] == 1 else np.mean(block, axis=-1, dtype=np.float32)
             if resampler is None:
                 writer.add(mono)
@@ -590,11 +601,13 @@ def _decoder_note(notes: list[str]) -> str:
     return f" (decoder: {notes[0]})" if notes else ""
 
 
-def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
+def read_audio(path: str | os.PathLike[str], max_seconds: float | None = None) -> DecodedAudio:
     """Decode an audio file to float32 mono 16 kHz, normalised like the official pipeline.
 
     A file that decodes to clearly less than its header states is returned with a warning (and
-    `truncated`); libsndfile giving up at damaged data is retried with ffmpeg. Raises AudioError.
+    `truncated`); libsndfile giving up at damaged data is retried with ffmpeg. Raises AudioError;
+    AudioTooLong as soon as more than `max_seconds` have been decoded (when given), so that a small
+    file holding days of audio costs no more than the limit.
     """
     path = os.fspath(path)
     ext = _extension(path)
@@ -607,12 +620,12 @@ def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
             if ffmpeg is None:
                 raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}")
             source = _ffmpeg_source(path, ffmpeg)
-            signal, seconds = _drain(path, source)
+            signal, seconds = _drain(path, source, max_seconds)
             source.header_seconds = _ffprobe_seconds(path)
         else:
             try:
                 source = _soundfile_source(path, f, notes)
-                signal, seconds = _drain(path, source)
+                signal, seconds = _drain(path, source, max_seconds)
             except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
                 # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
                 reason = _one_line(getattr(e, "error_string", None) or str(e)).rstrip(".")
@@ -622,8 +635,8 @@ def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
                 if ffmpeg is not None:
                     try:
                         source = _ffmpeg_source(path, ffmpeg)
-                        signal, seconds = _drain(path, source)
-                    except _RateRefused:
+                        signal, seconds = _drain(path, source, max_seconds)
+                    except (_RateRefused, AudioTooLong):
                         raise
                     except AudioError:
                         raise AudioError(
@@ -639,7 +652,7 @@ def read_audio(path: str | os.PathLike[str]) -> DecodedAudio:
                 # libsndfile gives up at damaged data; ffmpeg resynchronises past it.
                 try:
                     again = _ffmpeg_source(path, ffmpeg)
-                    again_signal, again_seconds = _drain(path, again)
+                    again_signal, again_seconds = _drain(path, again, max_seconds)
                 except AudioError:
                     again = None
                 if again is not None and again_seconds > seconds + TRUNCATION_SECONDS:

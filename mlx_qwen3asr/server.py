@@ -59,7 +59,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .audio import AUDIO_EXTENSIONS, AudioError
-from .decode import ArraySignal, read_audio
+from .decode import ArraySignal, AudioTooLong, read_audio
 from .engine import Engine, Job, JobCancelled
 from .prompt import join_texts, resolve_language
 from .result import Segment, Transcription
@@ -914,21 +914,23 @@ class _Server:
         Audio short enough to be held in memory is handed over decoded; a longer one is decoded again by
         the engine, from its file (its samples stay on disk). Raises APIError."""
         try:
-            decoded = await anyio.to_thread.run_sync(read_audio, str(upload.path))
+            # Decoding stops as soon as the limit is passed: a small file holding days of audio costs
+            # no more than the limit's worth of decoding.
+            decoded = await anyio.to_thread.run_sync(read_audio, str(upload.path), self.max_audio_seconds)
+        except AudioTooLong:
+            raise APIError(
+                413,
+                f"the audio is longer than {self.max_audio_seconds:g} s; this server transcribes at most "
+                f"{self.max_audio_seconds:g} s per request",
+                param="file",
+                code="audio_too_long",
+            ) from None
         except AudioError as e:
             raise self.job_error(e, upload) from None
         signal, seconds = decoded.signal, decoded.seconds
         in_memory = isinstance(signal, ArraySignal)
         if not in_memory:
             signal.close()
-        if seconds > self.max_audio_seconds:
-            raise APIError(
-                413,
-                f"the audio is {seconds:.1f} s long; this server transcribes at most "
-                f"{self.max_audio_seconds:g} s per request",
-                param="file",
-                code="audio_too_long",
-            )
         return (signal.samples() if in_memory else str(upload.path)), seconds
 
     # -- routes --

@@ -31,7 +31,7 @@ from mlx_qwen3asr.audio import (
     mel_frame_count,
     prepare_audio,
 )
-from mlx_qwen3asr.decode import load_audio, probe_seconds, read_audio
+from mlx_qwen3asr.decode import AudioTooLong, load_audio, probe_seconds, read_audio
 
 MEL_TOL = 1e-4
 
@@ -830,3 +830,29 @@ def test_wav_stating_no_length_with_only_a_chunk_after_it_is_empty(tmp_path):
     with pytest.raises(AudioError) as error:
         read_audio(path)
     assert str(error.value) == f"{path}: contains no audio samples"
+
+
+@pytest.mark.parametrize("ext", ["flac", "webm"])
+def test_decoding_stops_as_soon_as_the_caller_s_limit_is_passed(tmp_path, ext):
+    """A small file can hold hours (silence compresses to nothing): with max_seconds, decoding stops just
+    past the limit instead of decoding (and spilling) all of it; within the limit nothing changes."""
+    if ext == "webm" and shutil.which("ffmpeg") is None:
+        pytest.fail("ffmpeg is needed for this test")
+    path = tmp_path / f"long.{ext}"
+    if ext == "flac":
+        sf.write(path, np.zeros(16000 * 600, np.float32), 16000)  # 10 minutes in a few KB
+    else:
+        cmd = [shutil.which("ffmpeg"), "-v", "error", "-f", "lavfi", "-i", "anullsrc=r=48000:cl=mono",
+               "-t", "600", "-c:a", "libopus", "-b:a", "6k", str(path)]  # fmt: skip
+        subprocess.run(cmd, check=True, timeout=120)
+    assert path.stat().st_size < 1_000_000
+    with pytest.raises(AudioTooLong) as caught:
+        read_audio(path, max_seconds=5.0)
+    assert caught.value.limit == 5.0
+    assert 5.0 < caught.value.seconds < 5.0 + 60  # stopped within a block of the limit, not at 600 s
+    assert str(path) in str(caught.value) and "more than 5 s" in str(caught.value)
+    decoded = read_audio(path, max_seconds=700.0)
+    try:
+        assert decoded.seconds == pytest.approx(600.0, abs=0.1)
+    finally:
+        decoded.signal.close()

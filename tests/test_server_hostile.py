@@ -364,7 +364,7 @@ def test_audio_is_counted_by_its_decoded_duration(serve, tmp_path, monkeypatch):
     assert r.status_code == 413
     err = error_of(r.text)
     assert err["code"] == "audio_too_long" and err["param"] == "file"
-    assert "60.0 s" in err["message"] and "30 s" in err["message"]
+    assert "longer than 30 s" in err["message"]
     assert submitted == [] and server.engine.queued_seconds() == 0
 
     short = opus_webm(tmp_path, 20.0)
