@@ -736,13 +736,18 @@ def test_one_hertz_wav_is_refused_at_once_in_bounded_memory(tmp_path):
         "if os.path.exists('/proc/self/status'):\n"
         "    vm = [int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmSize')][0]\n"
         "    resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (1 << 30), resource.RLIM_INFINITY))\n"
-        "unit = 1 if sys.platform == 'darwin' else 1024\n"  # ru_maxrss: bytes on macOS, KiB elsewhere
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit\n"
+        # The peak of this process's own memory: on Linux ru_maxrss keeps the parent's peak across
+        # fork and exec (a large test run would hide any growth), /proc's VmHWM does not.
+        "def peak():\n"
+        "    if os.path.exists('/proc/self/status'):\n"
+        "        return [int(ln.split()[1]) << 10 for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"  # bytes on macOS
+        "before = peak()\n"
         "try:\n"
         "    read_audio(sys.argv[1])\n"
         "except AudioError as e:\n"
         "    print(e)\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit - before) >> 20)\n"
+        "print((peak() - before) >> 20)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", child, str(path)], capture_output=True, text=True, timeout=120
