@@ -312,7 +312,7 @@ def test_a_full_disk_is_507_and_names_no_server_path(serve, monkeypatch):
     monkeypatch.undo()
 
     # The decoded audio finding no room either (long audio is spilled to the temporary folder).
-    def no_room(path):
+    def no_room(path, max_seconds=None):
         raise AudioError(path, f"no room for the decoded audio in {tempfile.gettempdir()} (No space left)")
 
     monkeypatch.setattr(server_module, "read_audio", no_room, raising=False)
