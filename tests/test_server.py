@@ -372,9 +372,9 @@ def multipart(fields: dict[str, str], data: bytes, filename: str = "a.wav") -> t
     return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+def read_response(sock: socket.socket, timeout: float = 20.0) -> tuple[int, dict[str, str], bytes]:
     """Status, headers and body of the next response on the connection."""
-    sock.settimeout(20)
+    sock.settimeout(timeout)
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -383,8 +383,10 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers["content-length"]):
-        body += sock.recv(65536)
+    while len(body) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the body"
+        body += chunk
     return int(lines[0].split()[1]), headers, body
 
 

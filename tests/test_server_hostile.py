@@ -21,6 +21,7 @@ import pytest
 import soundfile as sf
 import uvicorn
 from reference import test_signal
+from test_server import read_response
 
 import mlx_qwen3asr
 from mlx_qwen3asr import generate, scheduler
@@ -131,24 +132,6 @@ def wav_bytes(seconds: float, seed: int = 0) -> bytes:
         path.unlink()
 
 
-def read_response(sock: socket.socket, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and body of the next response on the connection."""
-    sock.settimeout(timeout)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", "0")):
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed in the body"
-        body += chunk
-    return int(lines[0].split()[1]), headers, body
-
-
 def closed_within(sock: socket.socket, seconds: float) -> bool:
     """Whether the server closes the connection within `seconds` (anything it sends first is read)."""
     sock.settimeout(seconds)
@@ -214,7 +197,7 @@ def test_idle_and_slow_connections_are_closed_and_leave_no_file(serve):
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         began = time.monotonic()
         stop = trickle(sock, b"GET /health HTTP/1.1\r\nX-Padding: " + b"a" * 200, size=1)
-        status, _, body = read_response(sock)
+        status, _, body = read_response(sock, 5.0)
         stop.set()
         assert status == 408 and error_of(body)["code"] == "request_timeout"
         assert time.monotonic() - began < 3
@@ -228,7 +211,7 @@ def test_idle_and_slow_connections_are_closed_and_leave_no_file(serve):
         )
         sock.sendall(payload)
         began = time.monotonic()
-        status, headers, body = read_response(sock)
+        status, headers, body = read_response(sock, 5.0)
         assert status == 408 and headers["connection"] == "close"
         err = error_of(body)
         assert err["code"] == "request_timeout" and "stopped arriving" in err["message"]
@@ -241,7 +224,7 @@ def test_idle_and_slow_connections_are_closed_and_leave_no_file(serve):
         sock.sendall(head(server, extra=f"Content-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n"))
         began = time.monotonic()
         stop = trickle(sock, payload, size=10)
-        status, _, body = read_response(sock)
+        status, _, body = read_response(sock, 5.0)
         stop.set()
         assert status == 408 and error_of(body)["code"] == "request_timeout"
         assert time.monotonic() - began < 3
@@ -261,7 +244,7 @@ def test_connections_past_the_limit_get_503(serve):
         wait_until(lambda: len(server.server.server_state.connections) == 3)
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(head(server, "GET", "/health"))
-            status, headers, body = read_response(sock)
+            status, headers, body = read_response(sock, 5.0)
             assert status == 503 and headers["connection"] == "close" and headers["retry-after"] == "1"
             err = error_of(body)
             assert err["code"] == "too_many_connections" and "3" in err["message"]
@@ -395,7 +378,7 @@ def ask(server: Served, host: str, *, origin: str | None = None, method="GET", p
         lines += f"Origin: {origin}\r\n"
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall((lines + "\r\n").encode())
-        return read_response(sock)
+        return read_response(sock, 5.0)
 
 
 def test_host_and_origin_are_checked(serve):
