@@ -771,7 +771,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
         summary.failed.append((problem.path, problem.reason))
     if not any(os.path.lexists(p) for p in args.paths):
         return EXIT_USAGE
-    if not inputs:
+    if not inputs and not input_errors:  # a refused input has had its own line
         report.warning("no audio or video files found in " + ", ".join(map(str, args.paths)))
 
     try:

@@ -479,6 +479,15 @@ def test_fifos_sockets_and_devices_are_refused_without_being_opened(tmp_path, ck
     assert good.with_suffix(".txt").read_text(encoding="utf-8").strip()
 
 
+def test_a_refused_input_alone_is_one_line(tmp_path, ckpt):
+    """A FIFO named on its own is one error line: no second line saying that no audio was found."""
+    fifo = tmp_path / "live.wav"
+    os.mkfifo(fifo)
+    proc = cli(str(fifo), "--model", ckpt, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [f"error: {fifo}: is a FIFO, not a regular file"]
+
+
 def test_estimates_never_open_a_fifo(tmp_path):
     fifo = tmp_path / "x.wav"
     os.mkfifo(fifo)
