@@ -59,6 +59,7 @@ from mlx_qwen3asr.scheduler import (
     transcribe_stream,
 )
 from mlx_qwen3asr.subtitles import CueOptions, format_timestamp
+from mlx_qwen3asr.vad import VadOptions
 from mlx_qwen3asr.writers import FORMATS
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
@@ -84,6 +85,7 @@ PAUSE_SECONDS_RANGE = (0.05, 10.0)
 CUE_GAP_RANGE = (0.0, 1.0)
 CPS_RANGE = (1.0, 100.0)
 WORDS_PER_LINE_RANGE = (1, 100)
+VAD_THRESHOLD_RANGE = (0.01, 0.99)
 
 DESCRIPTION = """\
 Transcribe audio and video files with Qwen3-ASR on MLX. Folders are searched recursively
@@ -195,7 +197,8 @@ def _number_in(limits: tuple[float, float], unit: str = "seconds"):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
         if not (math.isfinite(x) and low <= x <= high):
-            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} {unit}, got {value}")
+            within = f"between {low:g} and {high:g}" + (f" {unit}" if unit else "")
+            raise argparse.ArgumentTypeError(f"must be {within}, got {value}")
         return x
 
     return parse
@@ -298,6 +301,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"longest piece of audio given to the model at once, cut at the quietest point "
         f"({_range(SEGMENT_SECONDS_RANGE)}; default: {DEFAULT_MAX_SEGMENT_SECONDS:g})",
+    )
+    rec.add_argument(
+        "--vad",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="speech detection (Silero VAD): only the stretches where someone speaks are transcribed, "
+        "so noise, music and silence give no text (default: on; --no-vad sends all the audio)",
+    )
+    rec.add_argument(
+        "--vad-threshold",
+        type=_number_in(VAD_THRESHOLD_RANGE, unit=""),
+        default=VadOptions.threshold,
+        metavar="P",
+        help=f"speech probability from which audio counts as speech; lower keeps quieter speech and lets in "
+        f"more noise ({_range(VAD_THRESHOLD_RANGE)}; default: {VadOptions.threshold:g})",
     )
     rec.add_argument(
         "--batch-size",
@@ -761,6 +779,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
         cues=cue_options,
         word_timestamps=args.word_timestamps,
         highlight_words=args.highlight_words,
+        vad=VadOptions(threshold=args.vad_threshold) if args.vad else None,
     )
 
     report = Reporter(out, err, quiet=args.quiet, verbose=args.verbose)
@@ -871,6 +890,7 @@ def _transcribe_all(
         max_segment_seconds=options.max_segment_seconds,
         batch_size=args.batch_size,  # None: each batch sized from its segments and the free memory
         skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
+        vad=options.vad or False,
         on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
         aligner=aligner,
     )

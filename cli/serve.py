@@ -26,9 +26,11 @@ from mlx_qwen3asr.cli.main import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     MODEL_ENV,
+    VAD_THRESHOLD_RANGE,
     _int_in,
     _model_error,
     _number_in,
+    _range,
 )
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 
@@ -204,6 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"segments decoded together, from all requests ({BATCH_SIZE_RANGE[0]} to {BATCH_SIZE_RANGE[1]}; "
         "default: as many as a quarter of the free memory holds)",
     )
+    p.add_argument(
+        "--vad",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="speech detection: only speech is transcribed, noise and silence give no text (default: on)",
+    )
+    p.add_argument(
+        "--vad-threshold",
+        type=_number_in(VAD_THRESHOLD_RANGE, ""),
+        default=0.5,
+        metavar="P",
+        help=f"speech probability from which audio counts as speech ({_range(VAD_THRESHOLD_RANGE)}; default: 0.5)",
+    )
     return p
 
 
@@ -309,8 +324,10 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
 
         from mlx_qwen3asr.engine import Engine
         from mlx_qwen3asr.server import ConnectionLimits, create_app, uvicorn_config
+        from mlx_qwen3asr.vad import VadOptions
 
-        engine = Engine(model, aligner=aligner, batch_size=args.batch_size)
+        vad = VadOptions(threshold=args.vad_threshold) if args.vad else False
+        engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad)
         api_key = args.api_key
         app = create_app(
             engine,

@@ -18,6 +18,7 @@ from .loading import ASRModel, ModelLoadError, WrongModelError, load, require_ki
 from .prompt import SUPPORTED_LANGUAGES  # noqa: E402
 from .scheduler import InputResult, transcribe_stream  # noqa: E402
 from .transcribe import Segment, Transcription, transcribe  # noqa: E402
+from .vad import VadOptions, VadUnavailable  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -37,4 +38,6 @@ __all__ = [
     "require_kind",
     "transcribe",
     "transcribe_stream",
+    "VadOptions",
+    "VadUnavailable",
 ]

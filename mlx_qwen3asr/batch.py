@@ -21,6 +21,7 @@ from .decode import not_regular_reason, probe_seconds
 from .result import Transcription
 from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS
 from .subtitles import Cue, CueOptions, build_cues
+from .vad import VadOptions
 from .writers import (
     FORMATS,
     atomic_write_files,
@@ -455,6 +456,7 @@ class TranscribeOptions:
     word_timestamps: bool = False
     aligner: str | None = None  # the aligner used, when words were timed
     highlight_words: bool = False
+    vad: VadOptions | None = None  # speech detection (None: off)
 
     def to_dict(self) -> dict[str, Any]:
         """The options as recorded in JSON output."""
@@ -472,6 +474,8 @@ class TranscribeOptions:
             "pause_seconds": self.cues.pause,
             "min_cue_gap": self.cues.min_gap,
             "max_chars_per_second": self.cues.max_cps,
+            "vad": self.vad is not None,
+            "vad_threshold": None if self.vad is None else self.vad.threshold,
         }
 
 

@@ -19,6 +19,7 @@ from .loading import ASRModel
 from .prompt import prompt_prefix_ids, resolve_language
 from .result import Segment, Transcription
 from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions, InputResult, Scheduler
+from .vad import VadOptions, vad_options
 
 
 class JobCancelled(Exception):
@@ -85,8 +86,11 @@ class Engine:
         aligner: ASRModel | None = None,
         max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
         batch_size: int | None = None,
+        vad: bool | VadOptions = True,
     ) -> None:
+        """vad: speech detection for every job (True, False or VadOptions), as in transcribe."""
         self.model, self.aligner = model, aligner
+        self.vad = vad_options(vad)
         self._new_scheduler = lambda: Scheduler(
             model,
             aligner=aligner,
@@ -118,7 +122,7 @@ class Engine:
         without an aligner. seconds: its length, when known (for queued_seconds)."""
         if word_timestamps and self.aligner is None:
             raise ValueError("word timestamps need an aligner (start the engine with one)")
-        options = InputOptions(resolve_language(language), context, word_timestamps)
+        options = InputOptions(resolve_language(language), context, word_timestamps, vad=self.vad)
         prompt_prefix_ids(self.model.tokenizer, context)  # an over-long context is refused here, at once
         if seconds is None:
             seconds = estimate_duration(audio) if isinstance(audio, str) else 0.0

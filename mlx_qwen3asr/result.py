@@ -43,6 +43,8 @@ class Transcription:
     # header states), and that stated length when the decoded one falls short of it.
     warnings: list[str] = field(default_factory=list)
     header_duration: float | None = None
+    # Where speech was found, (start, end) in seconds, when speech detection chose what was transcribed.
+    speech: list[tuple[float, float]] | None = None
 
     @property
     def truncated(self) -> bool:

@@ -35,7 +35,8 @@ from .prompt import (
 )
 from .result import Segment, Transcription, main_language
 from .segment import Segment as Span
-from .segment import padded_length, segment_audio, split_on_silence
+from .segment import padded_length, segment_audio, split_on_silence, split_speech
+from .vad import VadOptions, detect_speech, vad_options
 
 # Pieces of about 30 s transcribe more accurately than long ones (the model was tuned on short clips),
 # and a segment is the unit of timing in the output.
@@ -172,6 +173,10 @@ class PreparedInput:
     skipped: bool = False  # the `skip` predicate held: nothing is sent to the model
     warnings: list[str] = field(default_factory=list)  # what decoding found wrong with the file
     header_seconds: float | None = None  # the length its header states, when decoding fell short
+    speech: list[Span] | None = None  # the speech regions found (None: speech detection was off)
+
+
+NO_SPEECH = "no speech found in the audio; nothing was transcribed"
 
 
 def prepare_input(
@@ -179,15 +184,26 @@ def prepare_input(
     audio: AudioInput,
     max_segment_seconds: float,
     skip: Callable[[Signal], bool] | None = None,
+    vad: VadOptions | None = None,
 ) -> PreparedInput:
+    """Decode an input and cut it into segments: at quiet points over the whole audio, or, with speech
+    detection (vad), around the speech regions only."""
     decoded, source = load_input(audio)
     signal = decoded.signal
     skipped = skip is not None and skip(signal)
-    spans = (
-        [] if skipped else split_on_silence(signal, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
-    )
+    warnings = list(decoded.warnings)
+    speech = None
+    if skipped:
+        spans = []
+    elif vad is not None:
+        speech = detect_speech(signal, vad)
+        spans = split_speech(signal, speech, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
+        if not spans:
+            warnings.append(NO_SPEECH)
+    else:
+        spans = split_on_silence(signal, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
     header = decoded.header_seconds if decoded.truncated else None
-    return PreparedInput(index, source, signal, spans, skipped, list(decoded.warnings), header)
+    return PreparedInput(index, source, signal, spans, skipped, warnings, header, speech)
 
 
 @dataclass
@@ -210,6 +226,7 @@ class InputOptions:
     context: str = ""
     align: bool = False  # time the words (needs the scheduler's aligner)
     skip: Callable[[Signal], bool] | None = None  # inputs this holds for are not sent to the model
+    vad: VadOptions | None = None  # speech detection: only speech regions are sent to the model
 
 
 @dataclass
@@ -270,7 +287,13 @@ def _assemble(
         source=prepared.source,
         warnings=warnings,
         header_duration=prepared.header_seconds,
+        speech=None if prepared.speech is None else [speech_span(s) for s in prepared.speech],
     )
+
+
+def speech_span(span: Span) -> tuple[float, float]:
+    """A speech region in seconds, to the millisecond."""
+    return (round(span.start_seconds, 3), round(span.end_seconds, 3))
 
 
 class Scheduler:
@@ -441,7 +464,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             held += most
-            args = (key, audio, self.max_segment_seconds, options.skip)
+            args = (key, audio, self.max_segment_seconds, options.skip, options.vad)
             future = self.executor.submit(prepare_input, *args)
             self.queued.append((key, options, _source(audio), future, most))
 
@@ -701,6 +724,7 @@ def transcribe_stream(
     skip: Callable[[np.ndarray], bool] | None = None,
     on_segment: Callable[[int, Segment], None] | None = None,
     aligner: ASRModel | None = None,
+    vad: bool | VadOptions = True,
 ) -> Iterator[InputResult]:
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
@@ -711,10 +735,11 @@ def transcribe_stream(
     on_segment(input index, segment): each input's segments, in time order, as they become known.
     aligner: a Qwen3-ForcedAligner; segments then get word times (segment.words), aligned in groups
         right after their text is decoded.
+    vad: speech detection (True, False, or VadOptions): only the speech regions reach the model.
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
     go on. Results come in the order inputs finish, which is not the input order.
     """
-    options = InputOptions(resolve_language(language), context, aligner is not None, skip)
+    options = InputOptions(resolve_language(language), context, aligner is not None, skip, vad_options(vad))
     scheduler = Scheduler(
         model,
         aligner=aligner,

@@ -116,6 +116,72 @@ def split_on_silence(
     return segments
 
 
+class _Range:
+    """Samples [start, stop) of an array or a decoded signal, read by range like a signal."""
+
+    def __init__(self, audio, start: int, stop: int) -> None:
+        self.audio, self.start, self.stop = audio, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return _read(self.audio, self.start + start, self.start + stop)
+
+
+# Audio kept around each speech region in the pieces the model hears: onsets and trailing sounds that
+# the detector scores low are not cut off.
+SPEECH_PAD_SECONDS = 0.2
+# Speech regions this close share a piece: a pause, not a stretch of something else.
+JOIN_GAP_SECONDS = 1.0
+
+
+def split_speech(
+    audio,
+    regions: list[Segment],
+    max_seconds: float = 30.0,
+    pad_seconds: float = SPEECH_PAD_SECONDS,
+    join_seconds: float = JOIN_GAP_SECONDS,
+    sample_rate: int = SAMPLE_RATE,
+) -> list[Segment]:
+    """Pieces of at most max_seconds that cover the speech regions and little else.
+
+    Each region is widened by pad_seconds; a region longer than max_seconds is cut at quiet points
+    (split_on_silence); then neighbours closer than join_seconds are joined while the piece stays within
+    max_seconds. Audio between pieces (noise, music, silence) is in none of them.
+    """
+    _check_positive("max_seconds", max_seconds)
+    total = len(audio)
+    max_len = int(max_seconds * sample_rate)
+    pad, join = int(pad_seconds * sample_rate), int(join_seconds * sample_rate)
+    widened: list[Segment] = []
+    for region in sorted(regions, key=lambda r: r.start):
+        start, end = max(0, region.start - pad), min(total, region.end + pad)
+        if end <= start:
+            continue
+        if widened and start <= widened[-1].end:
+            widened[-1] = Segment(widened[-1].start, max(end, widened[-1].end))
+        else:
+            widened.append(Segment(start, end))
+    parts: list[Segment] = []
+    for region in widened:
+        if region.num_samples <= max_len:
+            parts.append(region)
+            continue
+        inner = split_on_silence(
+            _Range(audio, region.start, region.end), max_seconds, sample_rate=sample_rate
+        )
+        parts.extend(Segment(region.start + s.start, region.start + s.end) for s in inner)
+    pieces: list[Segment] = []
+    for part in parts:
+        last = pieces[-1] if pieces else None
+        if last is not None and part.start - last.end <= join and part.end - last.start <= max_len:
+            pieces[-1] = Segment(last.start, part.end)
+        else:
+            pieces.append(part)
+    return pieces
+
+
 def padded_length(
     seg: Segment, min_seconds: float = MIN_SEGMENT_SECONDS, sample_rate: int = SAMPLE_RATE
 ) -> int:

@@ -10,6 +10,7 @@ from .loading import ASRModel
 from .prompt import resolve_language
 from .result import Segment, Transcription
 from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, transcribe_stream
+from .vad import VadOptions
 
 
 def _transcribe_all(
@@ -22,6 +23,7 @@ def _transcribe_all(
     batch_size: int | None,
     on_segment: Callable[[Segment], None] | None,
     aligner: ASRModel | None = None,
+    vad: bool | VadOptions = True,
 ) -> list[Transcription]:
     results: list[Transcription | None] = [None] * len(inputs)
     stream = transcribe_stream(
@@ -33,6 +35,7 @@ def _transcribe_all(
         batch_size=batch_size,
         on_segment=None if on_segment is None else (lambda _index, seg: on_segment(seg)),
         aligner=aligner,
+        vad=vad,
     )
     for res in stream:
         if res.error is not None:
@@ -69,6 +72,7 @@ def transcribe(
     batch_size: int | None = None,
     on_segment: Callable[[Segment], None] | None = None,
     aligner: ASRModel | None = None,
+    vad: bool | VadOptions = True,
 ) -> Transcription | list[Transcription]:
     """Transcribe a file, an array (16 kHz, or `(array, sample_rate)`), or a list of them.
 
@@ -78,6 +82,9 @@ def transcribe(
     on_segment: called with each segment as it is transcribed, in time order within each input.
     aligner: a Qwen3-ForcedAligner model (`load("Qwen/Qwen3-ForcedAligner-0.6B")`): segments then carry
         `words` with their times and `timing == "aligned"` where the aligner serves their language.
+    vad: speech detection (Silero VAD): only the speech regions are transcribed, so noise, music and
+        silence give no text (`Transcription.speech` lists the regions). False sends all the audio, cut
+        at quiet points; VadOptions(threshold=...) tunes it.
     Returns one Transcription per input, a list for a list. An input that cannot be read raises.
     """
     resolve_language(language)  # fail before any audio is read
@@ -85,7 +92,7 @@ def transcribe(
     results = _transcribe_all(
         model, audio if many else [audio], language=language, context=context,
         max_segment_seconds=max_segment_seconds, batch_size=batch_size, on_segment=on_segment,
-        aligner=aligner,
+        aligner=aligner, vad=vad,
     )  # fmt: skip
     return results if many else results[0]
 

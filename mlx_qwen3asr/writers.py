@@ -202,6 +202,9 @@ def render_json(
         "audio_truncated": result.header_duration is not None,
         "header_duration": result.header_duration,
         "warnings": list(result.warnings),
+        # Where speech was found ([start, end] in seconds), when speech detection chose what was
+        # transcribed; null when it was off.
+        "speech": None if result.speech is None else [list(r) for r in result.speech],
         "segments": [_segment_dict(s) for s in result.segments],
         "cues": [c.to_dict() for c in cues],
         "model": model,

@@ -100,7 +100,7 @@ def test_transcribe_with_an_aligner_times_the_words(checkpoints, monkeypatch):
     texts = ["So the first thing, I want to talk about today.", "Is the budget for next year!"]
     scripted_decoding(monkeypatch, model, texts)
     wav = test_signal(50.0, seed=8)
-    result = mlx_qwen3asr.transcribe(model, wav, aligner=aligner, max_segment_seconds=30.0)
+    result = mlx_qwen3asr.transcribe(model, wav, aligner=aligner, max_segment_seconds=30.0, vad=False)
     assert [s.text for s in result.segments] == texts
     for seg in result.segments:
         assert seg.timing == "aligned"
@@ -125,7 +125,7 @@ def test_unsupported_language_keeps_estimated_timing_and_says_so(checkpoints, mo
     aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
 
     script_batches(monkeypatch, lambda prompt: model.tokenizer.encode("language Thai<asr_text>สวัสดีครับ"))
-    result = mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1), aligner=aligner)
+    result = mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1), aligner=aligner, vad=False)
     (seg,) = result.segments
     assert seg.timing == "estimated" and seg.words == []
     assert result.warnings == [

@@ -169,8 +169,8 @@ def inputs_for_test():
 
 def test_batch_size_does_not_change_any_text(model, monkeypatch):
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)  # same work whatever stops a row
-    one = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=1)
-    many = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=6)
+    one = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=1, vad=False)
+    many = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=6, vad=False)
     assert [r.text for r in one] == [r.text for r in many]
     assert [[(s.start, s.end, s.text) for s in r.segments] for r in one] == [
         [(s.start, s.end, s.text) for s in r.segments] for r in many
@@ -181,7 +181,7 @@ def test_segments_of_several_inputs_share_batches(model, monkeypatch):
     from scripted import spy_batches
 
     record = spy_batches(monkeypatch)
-    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4)
+    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4, vad=False)
     # 3 + 1 + 1 + 1 segments: 4 rows at once, the other 2 joining as rows finish.
     assert max(record.sizes) == 4 and record.adds[0]["running"] == 0
     assert sum(len(a["prompts"]) for a in record.adds) == 6
@@ -200,6 +200,7 @@ def test_stream_reports_bad_inputs_and_keeps_going(model, tmp_path):
             [str(good), str(bad), test_signal(40.0, seed=8)],
             batch_size=3,
             on_segment=lambda i, seg: seen.setdefault(i, []).append(seg),
+            vad=False,
         )
     )
     by_index = {r.index: r for r in results}
@@ -213,7 +214,7 @@ def test_stream_reports_bad_inputs_and_keeps_going(model, tmp_path):
 
 
 def test_skip_predicate_keeps_audio_from_the_model(model):
-    results = list(transcribe_stream(model, [np.zeros(32000, np.float32)], skip=lambda wav: True))
+    results = list(transcribe_stream(model, [np.zeros(32000, np.float32)], skip=lambda wav: True, vad=False))
     assert len(results) == 1 and results[0].skipped
     assert results[0].transcription.segments == [] and results[0].transcription.duration == 2.0
 
@@ -228,7 +229,7 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     def run(memory: int):
         record = spy_batches(monkeypatch)
         monkeypatch.setattr(scheduler, "available_memory", lambda: memory)
-        mlx_qwen3asr.transcribe(model, inputs_for_test())
+        mlx_qwen3asr.transcribe(model, inputs_for_test(), vad=False)
         return record
 
     everything = run(1 << 50)

@@ -157,6 +157,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     make_good_tree(Path("good"))
     bad = make_bad_tree(Path("bad"))
     args = [
+        "--no-vad",
         "good",
         "good/a talk.wav",
         "bad",
@@ -208,7 +209,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
 
     # Resume: every output exists, nothing is touched.
     before = snapshot(out)
-    assert main(["good", "-o", "out", *ALL, "--model", ckpt]) == 0
+    assert main(["--no-vad", "good", "-o", "out", *ALL, "--model", ckpt]) == 0
     cap = capsys.readouterr()
     assert "summary: 0 transcribed, 5 skipped, 0 failed" in cap.out
     assert "loading model" not in cap.out
@@ -217,7 +218,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     # A changed input is not redone over its existing outputs: it is skipped, and the run says why.
     time.sleep(0.01)
     os.utime("good/other/same.ogg")
-    assert main(["good", "-o", "out", "--srt", "--model", ckpt]) == 0
+    assert main(["--no-vad", "good", "-o", "out", "--srt", "--model", ckpt]) == 0
     cap = capsys.readouterr()
     assert "summary: 0 transcribed, 5 skipped, 0 failed" in cap.out
     assert "skipped good/other/same.ogg: its outputs exist but are older than it; use --overwrite" in cap.out
@@ -225,7 +226,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
 
     # An interrupted file (some outputs missing) is finished: only the missing output is written.
     Path("out/good/other/same.vtt").unlink()
-    assert main(["good", "-o", "out", *ALL, "--model", ckpt]) == 0
+    assert main(["--no-vad", "good", "-o", "out", *ALL, "--model", ckpt]) == 0
     cap = capsys.readouterr()
     assert "summary: 1 transcribed, 4 skipped, 0 failed, 3 existing output(s) kept" in cap.out
     after = snapshot(out)
@@ -235,7 +236,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     check_outputs(out / "good" / "other" / "same")
 
     # --overwrite redoes a file whose outputs exist.
-    assert main(["good", "-o", "out", "--txt", "--json", "--model", ckpt, "--overwrite"]) == 0
+    assert main(["--no-vad", "good", "-o", "out", "--txt", "--json", "--model", ckpt, "--overwrite"]) == 0
     assert "summary: 5 transcribed, 0 skipped, 0 failed" in capsys.readouterr().out
     final = snapshot(out)
     for ext in ("json", "txt"):
@@ -244,7 +245,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     check_outputs(out / "good" / "a talk")
 
     # A file named on its own is written at the top of the output folder.
-    assert main(["good/a talk.wav", "-o", "out", "--txt", "--model", ckpt]) == 0
+    assert main(["--no-vad", "good/a talk.wav", "-o", "out", "--txt", "--model", ckpt]) == 0
     assert (out / "a talk.txt").read_text(encoding="utf-8") == (out / "good/a talk.txt").read_text(
         encoding="utf-8"
     )
@@ -263,7 +264,7 @@ def test_outputs_beside_inputs_keep_the_extension_when_names_collide(tmp_path, c
     write_audio(rec / "a.wav", 1.5, 1)
     write_audio(rec / "a.MP3", 1.5, 2)
     write_audio(rec / "meeting.2024.01.m4a", 1.5, 3)
-    assert main(["rec", "--batch-size", "3"]) == 0
+    assert main(["--no-vad", "rec", "--batch-size", "3"]) == 0
     names = sorted(p.name for p in rec.iterdir())
     assert names == ["a.MP3", "a.MP3.txt", "a.wav", "a.wav.txt", "meeting.2024.01.m4a", "meeting.2024.01.txt"]
     assert all((rec / n).read_text(encoding="utf-8").strip() for n in names if n.endswith(".txt"))
@@ -272,9 +273,9 @@ def test_outputs_beside_inputs_keep_the_extension_when_names_collide(tmp_path, c
 
 def test_format_option_lists_and_all(tmp_path, ckpt, capsys):
     src = write_audio(tmp_path / "x.wav", 1.5, 1)
-    assert main([str(src), "-f", "srt,vtt", "-f", "json", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(src), "-f", "srt,vtt", "-f", "json", "--model", ckpt]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.srt", "x.vtt", "x.wav"]
-    assert main([str(src), "-f", "all", "--model", ckpt, "--overwrite"]) == 0
+    assert main(["--no-vad", str(src), "-f", "all", "--model", ckpt, "--overwrite"]) == 0
     assert (tmp_path / "x.txt").exists()
     check_outputs(tmp_path / "x")
     capsys.readouterr()
@@ -300,7 +301,7 @@ def test_unreadable_silent_and_ffmpeg_less_inputs_are_reported_and_the_batch_goe
     write_audio(tmp_path / "good.flac", 1.5, 3)
     monkeypatch.setattr(audio_module.shutil, "which", lambda name: None)
     try:
-        status = main([str(tmp_path), *ALL, "--model", ckpt])
+        status = main(["--no-vad", str(tmp_path), *ALL, "--model", ckpt])
     finally:
         locked.chmod(0o644)
     cap = capsys.readouterr()
@@ -319,27 +320,27 @@ def test_quiet_verbose_and_dry_run(tmp_path, ckpt, capsys):
     src = write_audio(tmp_path / "x.wav", 2.0, 1)
     (tmp_path / "bad.wav").write_text("nope", encoding="utf-8")
 
-    assert main([str(tmp_path), "--dry-run", "--srt", "--model", "/no/such/model"]) == 0
+    assert main(["--no-vad", str(tmp_path), "--dry-run", "--srt", "--model", "/no/such/model"]) == 0
     cap = capsys.readouterr()
     assert f"transcribe: {src} -> {tmp_path / 'x.srt'}" in cap.out
     assert "dry run: 2 to transcribe, 0 skipped, 0 failed" in cap.out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.wav", "x.wav"]
 
-    assert main([str(tmp_path), "--quiet", "--srt", "--model", ckpt]) == 1
+    assert main(["--no-vad", str(tmp_path), "--quiet", "--srt", "--model", ckpt]) == 1
     cap = capsys.readouterr()
     assert cap.out == ""
     assert cap.err.splitlines() == [
         f"error: {tmp_path / 'bad.wav'}: " + errors_for(cap.err, tmp_path / "bad.wav")
     ]
 
-    assert main([str(src), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
+    assert main(["--no-vad", str(src), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^  \[00:00:00\.000 --> 00:00:02\.000\] \S", out, re.M)
     assert f"wrote {tmp_path / 'x.srt'}" in out
 
     # With several files decoded together, each segment line names its file.
     other = write_audio(tmp_path / "y.wav", 1.5, 2)
-    assert main([str(src), str(other), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
+    assert main(["--no-vad", str(src), str(other), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
     out = capsys.readouterr().out
     assert re.search(rf"^  {re.escape(str(src))} \[00:00:00\.000 --> 00:00:02\.000\] ", out, re.M)
     assert re.search(rf"^  {re.escape(str(other))} \[00:00:00\.000 --> 00:00:01\.500\] ", out, re.M)
@@ -350,7 +351,7 @@ def test_progress_bar_and_summary_table_on_a_terminal(tmp_path, ckpt, capsys, mo
     monkeypatch.delenv("NO_COLOR", raising=False)
     src = write_audio(tmp_path / "x.wav", 2.0, 1)
     (tmp_path / "bad.wav").write_text("nope", encoding="utf-8")
-    assert main([str(tmp_path), "--srt", "--model", ckpt]) == 1
+    assert main(["--no-vad", str(tmp_path), "--srt", "--model", ckpt]) == 1
     cap = capsys.readouterr()
     assert "mlxasr summary" in cap.out and "realtime" in cap.out
     assert "\x1b[" in cap.out  # drawn for a terminal
@@ -362,7 +363,12 @@ def test_context_file_is_used(tmp_path, ckpt, capsys):
     src = write_audio(tmp_path / "x.wav", 1.0, 1)
     ctx = tmp_path / "names.txt"
     ctx.write_text("Qwen, MLX\n", encoding="utf-8")
-    assert main([str(src), "--json", "--context-file", str(ctx), "--language", "en", "--model", ckpt]) == 0
+    assert (
+        main(
+            ["--no-vad", str(src), "--json", "--context-file", str(ctx), "--language", "en", "--model", ckpt]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "x.json").read_text(encoding="utf-8"))
     assert doc["options"]["context"] == "Qwen, MLX" and doc["options"]["language"] == "English"
     assert doc["language"] == "English"
@@ -375,7 +381,7 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
     args += ["--max-segment-seconds", "2", "--context", "Qwen", "--dtype", "float32"]
     args += ["--max-words-per-line", "3", "--pause-seconds", "0.4", "--min-cue-gap", "0.1"]
     args += ["--max-chars-per-second", "15", "--highlight-words"]
-    assert main([str(src), "--json", "--srt", "--model", ckpt, *args]) == 0
+    assert main(["--no-vad", str(src), "--json", "--srt", "--model", ckpt, *args]) == 0
     capsys.readouterr()
     doc = json.loads((tmp_path / "x.json").read_text(encoding="utf-8"))
     assert doc["options"] == {
@@ -392,12 +398,14 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
         "pause_seconds": 0.4,
         "min_cue_gap": 0.1,
         "max_chars_per_second": 15.0,
+        "vad": False,
+        "vad_threshold": None,
     }
     assert len(doc["segments"]) >= 3  # 6 s cut into pieces of at most 2 s
     assert all(s["end"] - s["start"] <= 2.0 + 1e-6 for s in doc["segments"])
     subs = list(srt.parse((tmp_path / "x.srt").read_text(encoding="utf-8")))
     assert subs and all("\n" not in s.content for s in subs)  # one line per cue
-    assert main([str(src), "--dtype", "int8", "--model", ckpt]) == 2
+    assert main(["--no-vad", str(src), "--dtype", "int8", "--model", ckpt]) == 2
     assert "argument --dtype: invalid choice" in capsys.readouterr().err
 
 
@@ -409,16 +417,16 @@ def test_usage_errors_exit_2_before_the_model_or_any_file_is_touched(tmp_path, c
     loads = []
     monkeypatch.setattr(cli_main, "load", lambda *a, **k: loads.append(a) or pytest.fail("model loaded"))
 
-    assert main([str(src), "--language", "Klingon"]) == 2
+    assert main(["--no-vad", str(src), "--language", "Klingon"]) == 2
     assert "unsupported language 'Klingon'" in capsys.readouterr().err
-    assert main([str(src), "--context-file", str(tmp_path / "missing.txt")]) == 2
+    assert main(["--no-vad", str(src), "--context-file", str(tmp_path / "missing.txt")]) == 2
     assert "--context-file" in capsys.readouterr().err
-    assert main([str(src), "--context", "a", "--context-file", str(src)]) == 2
-    assert main([str(src), "-f", "docx"]) == 2
+    assert main(["--no-vad", str(src), "--context", "a", "--context-file", str(src)]) == 2
+    assert main(["--no-vad", str(src), "-f", "docx"]) == 2
     assert "invalid format 'docx'" in capsys.readouterr().err
-    assert main([str(src), "--max-segment-seconds", "0"]) == 2
-    assert main([str(src), "--quiet", "--verbose"]) == 2
-    assert main([str(tmp_path / "nope.wav"), str(tmp_path / "nope")]) == 2
+    assert main(["--no-vad", str(src), "--max-segment-seconds", "0"]) == 2
+    assert main(["--no-vad", str(src), "--quiet", "--verbose"]) == 2
+    assert main(["--no-vad", str(tmp_path / "nope.wav"), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert f"error: {tmp_path / 'nope.wav'}: no such file or directory" in err
     assert main([]) == 2
@@ -428,7 +436,7 @@ def test_usage_errors_exit_2_before_the_model_or_any_file_is_touched(tmp_path, c
 
 def test_a_missing_path_among_good_ones_fails_only_itself(tmp_path, ckpt, capsys):
     src = write_audio(tmp_path / "x.wav", 1.0, 1)
-    assert main([str(src), str(tmp_path / "nope.wav"), "--model", ckpt]) == 1
+    assert main(["--no-vad", str(src), str(tmp_path / "nope.wav"), "--model", ckpt]) == 1
     cap = capsys.readouterr()
     assert f"error: {tmp_path / 'nope.wav'}: no such file or directory" in cap.err
     assert (tmp_path / "x.txt").exists()
@@ -439,16 +447,16 @@ def test_bad_model_fails_fast_with_one_message(tmp_path, capsys):
     not_a_model = tmp_path / "empty-model"
     not_a_model.mkdir()
     for model in (str(tmp_path / "missing-model"), str(not_a_model)):
-        assert main([str(src), "--srt", "--model", model]) == 2
+        assert main(["--no-vad", str(src), "--srt", "--model", model]) == 2
         errors = [line for line in capsys.readouterr().err.splitlines() if line]
         assert len(errors) == 1 and errors[0].startswith(f"error: model {model}: "), errors
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-model", "x.wav"]
 
 
 def test_help_and_version(capsys):
-    assert main(["--version"]) == 0
+    assert main(["--no-vad", "--version"]) == 0
     assert capsys.readouterr().out.startswith("mlxasr ")
-    assert main(["--help"]) == 0
+    assert main(["--no-vad", "--help"]) == 0
     text = capsys.readouterr().out
     for flag in (
         "--srt",
@@ -479,6 +487,7 @@ def test_sigint_stops_cleanly_with_status_130(tmp_path, ckpt):
                 sys.executable,
                 "-m",
                 "mlx_qwen3asr.cli.main",
+                "--no-vad",
                 str(folder),
                 *ALL,
                 "--model",
@@ -580,7 +589,7 @@ def test_output_paths_do_not_depend_on_the_order_of_the_arguments(tmp_path, ckpt
     runs = {}
     for order in (["A", "B"], ["B", "A"]):
         out = Path("out-" + "".join(order))
-        assert main([*order, "-o", str(out), "--json", "--model", ckpt]) == 0
+        assert main(["--no-vad", *order, "-o", str(out), "--json", "--model", ckpt]) == 0
         runs[out] = {str(p.relative_to(out)): json.loads(p.read_text()) for p in out.rglob("*.json")}
     first, second = runs.values()
     assert sorted(first) == sorted(second) == ["A/sub/y.json", "A/x.json", "B/sub/y.json", "B/x.json"]
@@ -600,12 +609,12 @@ def test_arguments_whose_outputs_would_share_a_path_are_a_usage_error(tmp_path, 
         (["B/x.wav", "A/x.wav"], "A/x.wav and B/x.wav would both be written to out/x.txt"),
         (["q/rec", "p/rec"], "p/rec/a.wav and q/rec/a.wav would both be written to out/rec/a.txt"),
     ):
-        assert main([*args, "-o", "out"]) == 2
+        assert main(["--no-vad", *args, "-o", "out"]) == 2
         err = capsys.readouterr().err
         assert f"mlxasr: error: {message} (give them different output folders)\n" in err, err
         assert not Path("out").exists()
     # Beside their inputs they cannot clash.
-    assert main(["A/x.wav", "B/x.wav", "--dry-run"]) == 0
+    assert main(["--no-vad", "A/x.wav", "B/x.wav", "--dry-run"]) == 0
     assert "A/x.wav -> A/x.txt" in capsys.readouterr().out
 
 

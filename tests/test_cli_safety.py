@@ -53,7 +53,9 @@ def state(path: Path) -> tuple[int, bytes]:
 
 
 def cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """mlxasr in a child process, as a user runs it."""
+    """mlxasr in a child process, as a user runs it (speech detection off: the tests' audio is tones)."""
+    if args[:1] != ("serve",):
+        args = ("--no-vad", *args)
     return subprocess.run(
         [sys.executable, "-m", "mlx_qwen3asr.cli.main", *args],
         capture_output=True,
@@ -69,13 +71,13 @@ def cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProce
 def test_a_hand_corrected_output_is_kept_and_only_missing_outputs_are_written(tmp_path, ckpt, capsys):
     talk = write_audio(tmp_path / "talk.wav", 2.0, 1)
     srt_path, json_path = tmp_path / "talk.srt", tmp_path / "talk.json"
-    assert main([str(talk), "--srt", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--model", ckpt]) == 0
     capsys.readouterr()
     srt_path.write_text("1\n00:00:00,000 --> 00:00:02,000\nCorrected by hand.\n\n", encoding="utf-8")
     os.utime(srt_path, (1_000_000_000, 1_000_000_000))  # older than the input, as an old edit would be
     corrected = state(srt_path)
 
-    assert main([str(talk), "--srt", "--json", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--json", "--model", ckpt]) == 0
     out = capsys.readouterr().out
     assert state(srt_path) == corrected  # byte for byte, mtime too
     assert json_path.is_file() and '"segments"' in json_path.read_text(encoding="utf-8")
@@ -85,7 +87,7 @@ def test_a_hand_corrected_output_is_kept_and_only_missing_outputs_are_written(tm
 
     # Every requested output exists now: the file is skipped, and said to be older than its input.
     json_state = state(json_path)
-    assert main([str(talk), "--srt", "--json", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--json", "--model", ckpt]) == 0
     out = capsys.readouterr().out
     assert "summary: 0 transcribed, 1 skipped, 0 failed" in out and "loading model" not in out
     stale = f"skipped {talk}: its outputs exist but are older than it; use --overwrite"
@@ -93,7 +95,7 @@ def test_a_hand_corrected_output_is_kept_and_only_missing_outputs_are_written(tm
     assert state(srt_path) == corrected and state(json_path) == json_state
 
     # --overwrite still replaces, atomically.
-    assert main([str(talk), "--srt", "--json", "--model", ckpt, "--overwrite"]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--json", "--model", ckpt, "--overwrite"]) == 0
     capsys.readouterr()
     assert "Corrected by hand" not in srt_path.read_text(encoding="utf-8")
     assert state(json_path) != json_state
@@ -106,7 +108,7 @@ def test_an_older_output_the_user_already_had_is_not_replaced(tmp_path, ckpt, ca
     os.utime(mine, (1_000_000_000, 1_000_000_000))
     before = state(mine)
 
-    assert main([str(wav), "--srt", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(wav), "--srt", "--model", ckpt]) == 0
     out = capsys.readouterr().out
     assert state(mine) == before
     assert lines_with(out, "older than it") == [
@@ -114,7 +116,7 @@ def test_an_older_output_the_user_already_had_is_not_replaced(tmp_path, ckpt, ca
     ]
     assert "summary: 0 transcribed, 1 skipped, 0 failed" in out
 
-    assert main([str(wav), "--srt", "--txt", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(wav), "--srt", "--txt", "--model", ckpt]) == 0
     out = capsys.readouterr().out
     assert state(mine) == before and (tmp_path / "interview.txt").read_text(encoding="utf-8").strip()
     assert lines_with(out, "kept existing") == [f"kept existing {mine} (use --overwrite to replace it)"]
@@ -129,7 +131,7 @@ def test_dry_run_shows_the_keep_and_skip_decisions(tmp_path, capsys, no_model):
         (tmp_path / f"b.{ext}").write_text("old\n", encoding="utf-8")
         os.utime(tmp_path / f"b.{ext}", (1_000_000_000, 1_000_000_000))
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert main([str(tmp_path), "--srt", "--vtt", "--dry-run", "--model", "/no/such/model"]) == 0
+    assert main(["--no-vad", str(tmp_path), "--srt", "--vtt", "--dry-run", "--model", "/no/such/model"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
         f"transcribe: {a} -> {tmp_path / 'a.vtt'}; keeping existing {tmp_path / 'a.srt'} "
@@ -139,7 +141,10 @@ def test_dry_run_shows_the_keep_and_skip_decisions(tmp_path, capsys, no_model):
         f"transcribe: {c} -> {tmp_path / 'c.srt'}, {tmp_path / 'c.vtt'}",
         "dry run: 2 to transcribe, 1 skipped, 0 failed, 1 existing output(s) kept",
     ]
-    assert main([str(a), "--srt", "--vtt", "--dry-run", "--overwrite", "--model", "/no/such/model"]) == 0
+    assert (
+        main(["--no-vad", str(a), "--srt", "--vtt", "--dry-run", "--overwrite", "--model", "/no/such/model"])
+        == 0
+    )
     assert capsys.readouterr().out.splitlines() == [
         f"transcribe: {a} -> {tmp_path / 'a.srt'}, {tmp_path / 'a.vtt'}; replacing existing {tmp_path / 'a.srt'}",
         "dry run: 1 to transcribe, 0 skipped, 0 failed",
@@ -158,7 +163,7 @@ def test_an_output_that_appears_during_transcription_is_not_replaced(tmp_path, c
             yield res
 
     monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_a_racing_writer)
-    assert main([str(talk), "--srt", "--txt", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--txt", "--model", ckpt]) == 0
     out = capsys.readouterr().out
     assert other.read_text(encoding="utf-8") == "written by another run meanwhile\n"
     assert (tmp_path / "talk.txt").read_text(encoding="utf-8").strip()
@@ -198,7 +203,7 @@ def test_no_replace_write_without_hard_links_falls_back_to_check_and_rename(tmp_
 
 
 def test_the_rule_is_stated_in_help(capsys):
-    assert main(["--help"]) == 0
+    assert main(["--no-vad", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "An existing output file is never replaced unless --overwrite is given" in text
 
@@ -224,7 +229,7 @@ def test_a_read_only_output_folder_stops_the_run_before_the_model_loads(
 
     monkeypatch.setattr(os, "open", read_only_open)
     try:
-        status = main([str(a), str(b), "--srt", "-o", str(locked), "--model", "unused"])
+        status = main(["--no-vad", str(a), str(b), "--srt", "-o", str(locked), "--model", "unused"])
     finally:
         locked.chmod(0o755)
     err = capsys.readouterr().err
@@ -238,7 +243,7 @@ def test_output_dir_below_a_regular_file_stops_the_run_before_the_model_loads(tm
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
     notes = tmp_path / "notes.txt"
     notes.write_text("a file\n", encoding="utf-8")
-    assert main([str(a), "--srt", "-o", str(notes / "out"), "--model", "unused"]) == 2
+    assert main(["--no-vad", str(a), "--srt", "-o", str(notes / "out"), "--model", "unused"]) == 2
     err = capsys.readouterr().err
     assert errors_for(err, a) == f"cannot create output folder {notes / 'out'} (a file is in the way)"
     assert notes.read_text(encoding="utf-8") == "a file\n"
@@ -260,7 +265,7 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(cli_main, "load", load)
-    assert main([str(tmp_path / "rec"), "--srt", "-o", str(out), "--model", ckpt]) == 1
+    assert main(["--no-vad", str(tmp_path / "rec"), "--srt", "-o", str(out), "--model", ckpt]) == 1
     cap = capsys.readouterr()
     before_load, _ = errors_at_load  # the model, then the aligner (subtitles time their words)
     assert errors_for(before_load, blocked) == (
@@ -275,7 +280,20 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
 def test_a_bad_model_leaves_no_output_folder_behind(tmp_path, capsys):
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
     out = tmp_path / "out"
-    assert main([str(a), "--srt", "-o", str(out / "deep" / "er"), "--model", str(tmp_path / "no-model")]) == 2
+    assert (
+        main(
+            [
+                "--no-vad",
+                str(a),
+                "--srt",
+                "-o",
+                str(out / "deep" / "er"),
+                "--model",
+                str(tmp_path / "no-model"),
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.startswith(f"error: model {tmp_path / 'no-model'}: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
 
@@ -287,14 +305,14 @@ def test_an_output_path_taken_by_a_folder_fails_its_file_and_is_never_kept(tmp_p
     c = write_audio(tmp_path / "in" / "a.txt" / "c.wav", 1.0, 2)
     out = tmp_path / "out"
     for run in range(2):
-        assert main([str(tmp_path / "in"), "-o", str(out), "--model", ckpt]) == 1
+        assert main(["--no-vad", str(tmp_path / "in"), "-o", str(out), "--model", ckpt]) == 1
         cap = capsys.readouterr()
         reason = f"output {out / 'in' / 'a.txt'} is the folder that the outputs of {c} go to"
         assert errors_for(cap.err, a) == reason
         assert f"failed: {a}: {reason}" in cap.out and "kept existing" not in cap.out
         assert f"summary: {1 - run} transcribed, {run} skipped, 1 failed" in cap.out
         assert (out / "in" / "a.txt" / "c.txt").is_file()
-    assert main([str(tmp_path / "in"), "-o", str(out), "--dry-run"]) == 1
+    assert main(["--no-vad", str(tmp_path / "in"), "-o", str(out), "--dry-run"]) == 1
     assert f"fail: {a}: {reason}" in capsys.readouterr().out
 
 
@@ -308,7 +326,7 @@ def test_an_output_beside_its_input_taken_by_a_folder_or_a_fifo_fails_before_the
     (rec / "a.txt").mkdir()
     os.mkfifo(rec / "b.txt")
     (rec / "c.txt").symlink_to(rec / "nowhere.txt")
-    assert main([str(rec)]) == 1
+    assert main(["--no-vad", str(rec)]) == 1
     cap = capsys.readouterr()
     assert errors_for(cap.err, a) == f"output {rec / 'a.txt'} is a directory, not a file"
     assert errors_for(cap.err, b) == f"output {rec / 'b.txt'} is a FIFO, not a regular file"
@@ -329,7 +347,7 @@ def test_an_output_name_too_long_for_the_file_system_fails_before_the_model_load
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli_main, "load", load)
-        assert main([str(long), str(short), "--txt", "--json", "--model", ckpt]) == 1
+        assert main(["--no-vad", str(long), str(short), "--txt", "--json", "--model", ckpt]) == 1
     cap = capsys.readouterr()
     (before_load,) = loaded
     reason = f"output name {'x' * 251}.json is too long (256 bytes; the file system takes 255)"
@@ -378,7 +396,7 @@ def test_a_temporary_file_left_by_sigkill_is_removed_by_the_next_run(tmp_path, c
         users.write_text("mine", encoding="utf-8")
         os.utime(users, (old, old))
 
-        assert main([str(talk), "--srt", "--model", ckpt]) == 0
+        assert main(["--no-vad", str(talk), "--srt", "--model", ckpt]) == 0
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -419,9 +437,9 @@ def test_control_characters_in_names_are_escaped_on_every_line(tmp_path, ckpt, c
         for p in (newline, escape, bad)
     }
 
-    assert main([str(folder), "--dry-run", "--srt", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(folder), "--dry-run", "--srt", "--model", ckpt]) == 0
     dry = capsys.readouterr()
-    assert main([str(folder), "--verbose", "--srt", "--model", ckpt]) == 1
+    assert main(["--no-vad", str(folder), "--verbose", "--srt", "--model", ckpt]) == 1
     run = capsys.readouterr()
     for text in (dry.out, dry.err, run.out, run.err):
         assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text), repr(text)
@@ -448,7 +466,7 @@ def test_symbolic_link_loops_and_broken_links_are_told_apart(tmp_path, capsys, n
         ("x.wav", "symbolic link loop"),
         ("gone.wav", "broken symbolic link"),
     ]
-    assert main([str(folder), "--srt", "--model", "unused"]) == 1
+    assert main(["--no-vad", str(folder), "--srt", "--model", "unused"]) == 1
     err = capsys.readouterr().err
     assert errors_for(err, folder / "x.wav") == "symbolic link loop"
     assert errors_for(err, folder / "gone.wav") == "broken symbolic link"
@@ -513,6 +531,7 @@ def run_and_signal(
                 sys.executable,
                 "-m",
                 "mlx_qwen3asr.cli.main",
+                "--no-vad",
                 str(folder),
                 *ALL,
                 "--model",
@@ -593,7 +612,7 @@ def test_signals_during_the_interrupt_handling_are_ignored_until_the_summary(tmp
     monkeypatch.setattr(cli_main.Reporter, "stop", stop)
     monkeypatch.setattr(cli_main.Reporter, "summary", summary)
     previous = signal.getsignal(signal.SIGINT)
-    assert main([str(a), "--srt"]) == 130
+    assert main(["--no-vad", str(a), "--srt"]) == 130
     assert signal.getsignal(signal.SIGINT) is previous
     out = capsys.readouterr().out
     assert "interrupted: 0 transcribed, 0 skipped, 0 failed, 1 not finished" in out
@@ -625,7 +644,7 @@ def test_signals_during_the_interrupt_handling_are_ignored_until_the_summary(tmp
 )
 def test_out_of_range_options_are_usage_errors(tmp_path, capsys, no_model, option, value, message):
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
-    assert main([str(a), option, value]) == 2
+    assert main(["--no-vad", str(a), option, value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"mlxasr: error: argument {option}: {message}"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
@@ -644,7 +663,7 @@ def test_out_of_range_options_are_usage_errors(tmp_path, capsys, no_model, optio
 )
 def test_the_limits_themselves_are_accepted(tmp_path, capsys, no_model, args):
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
-    assert main([str(a), "--dry-run", *args]) == 0
+    assert main(["--no-vad", str(a), "--dry-run", *args]) == 0
     assert "dry run: 1 to transcribe" in capsys.readouterr().out
 
 
@@ -658,14 +677,14 @@ def test_the_shortest_segment_and_cue_transcribe(tmp_path, ckpt, capsys):
         "--max-line-width",
         "10",
     ]
-    assert main([str(a), "--json", "--srt", "--model", ckpt, *args]) == 0
+    assert main(["--no-vad", str(a), "--json", "--srt", "--model", ckpt, *args]) == 0
     capsys.readouterr()
     text = (tmp_path / "a.json").read_text(encoding="utf-8")
     assert '"max_segment_seconds": 1.0' in text and text.count('"truncated"') >= 4  # 3 segments + total
 
 
 def test_ranges_are_stated_in_help(capsys):
-    assert main(["--help"]) == 0
+    assert main(["--no-vad", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     for fragment in (
         "1 to 1200",
@@ -695,7 +714,7 @@ def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, 
             yield res
 
     monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_warnings)
-    assert main([str(a), str(b), "--srt", "--model", ckpt]) == 0
+    assert main(["--no-vad", str(a), str(b), "--srt", "--model", ckpt]) == 0
     cap = capsys.readouterr()
     assert lines_with(cap.err, "warning:") == [f"warning: {a}: {m}" for m in messages]
     assert "summary: 2 transcribed, 0 skipped, 0 failed, 1 with warnings" in cap.out
@@ -712,7 +731,17 @@ def test_a_closed_stdout_pipe_does_not_stop_the_run(tmp_path, ckpt):
     os.close(read_end)  # `mlxasr ... | head -0`: the first line written gets EPIPE
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "mlx_qwen3asr.cli.main", str(a), str(b), "--srt", "--model", ckpt],
+            [
+                sys.executable,
+                "-m",
+                "mlx_qwen3asr.cli.main",
+                "--no-vad",
+                str(a),
+                str(b),
+                "--srt",
+                "--model",
+                ckpt,
+            ],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

@@ -80,7 +80,7 @@ def segments_of(doc: dict) -> list[Segment]:
 
 def test_words_are_timed_and_reach_every_output(tmp_path, checkpoints, scripted, paced, capsys):
     talk = write_talk(tmp_path)
-    assert main([str(talk), "--srt", "--vtt", "--json", "--model", str(checkpoints("tiny"))]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--vtt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     out = capsys.readouterr().out
     assert f"words timed by {checkpoints('aligner-tiny')}" in out
     doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
@@ -129,7 +129,7 @@ def test_an_unsupported_language_keeps_estimated_timing_and_says_so(
 
     script_batches(monkeypatch, lambda prompt: tok.encode("language Thai<asr_text>สวัสดีครับ ยินดีที่ได้รู้จัก"))
     talk = write_talk(tmp_path, 5.0)
-    assert main([str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     err = capsys.readouterr().err
     doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
     assert [s["timing"] for s in doc["segments"]] == ["estimated"] and doc["segments"][0]["words"] == []
@@ -142,11 +142,14 @@ def test_an_unsupported_language_keeps_estimated_timing_and_says_so(
 def test_a_named_aligner_that_does_not_load_is_a_usage_error(tmp_path, checkpoints, capsys):
     talk = write_talk(tmp_path, 3.0)
     missing = tmp_path / "no-such-aligner"
-    assert main([str(talk), "--srt", "--model", str(checkpoints("tiny")), "--aligner", str(missing)]) == 2
+    assert (
+        main(["--no-vad", str(talk), "--srt", "--model", str(checkpoints("tiny")), "--aligner", str(missing)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"error: aligner {missing}: no such directory" in err
     asr = str(checkpoints("tiny"))
-    assert main([str(talk), "--srt", "--model", asr, "--aligner", asr]) == 2
+    assert main(["--no-vad", str(talk), "--srt", "--model", asr, "--aligner", asr]) == 2
     assert "this is a Qwen3-ASR speech recognition model; word timing needs" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.wav"]  # nothing written
 
@@ -161,7 +164,7 @@ def test_the_default_aligner_missing_means_one_warning_and_estimated_timing(
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     talk = write_talk(tmp_path / "in", 3.0)
-    assert main([str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
+    assert main(["--no-vad", str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "Qwen3-ForcedAligner-0.6B" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: aligner Qwen/Qwen3-ForcedAligner-0.6B: ")
@@ -178,12 +181,15 @@ def test_transcripts_alone_do_not_load_the_aligner(tmp_path, checkpoints, monkey
         cli_main, "load", lambda path, **kw: loaded.append(str(path)) or real_load(path, **kw)
     )
     talk = write_talk(tmp_path, 3.0)
-    assert main([str(talk), "--txt", "--json", "--model", str(checkpoints("tiny"))]) == 0
+    assert main(["--no-vad", str(talk), "--txt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     assert loaded == [str(checkpoints("tiny"))]
-    assert main([str(talk), "--srt", "--no-word-timestamps", "--model", str(checkpoints("tiny"))]) == 0
+    assert (
+        main(["--no-vad", str(talk), "--srt", "--no-word-timestamps", "--model", str(checkpoints("tiny"))])
+        == 0
+    )
     assert loaded == [str(checkpoints("tiny"))] * 2
     capsys.readouterr()
-    assert main([str(talk), "--srt", "--no-word-timestamps", "--highlight-words"]) == 2
+    assert main(["--no-vad", str(talk), "--srt", "--no-word-timestamps", "--highlight-words"]) == 2
     assert "--highlight-words: needs word timing" in capsys.readouterr().err
 
 
@@ -192,7 +198,16 @@ def test_the_real_random_aligner_still_gives_valid_outputs(tmp_path, checkpoints
     talk = write_talk(tmp_path)
     assert (
         main(
-            [str(talk), "--srt", "--vtt", "--json", "--highlight-words", "--model", str(checkpoints("tiny"))]
+            [
+                "--no-vad",
+                str(talk),
+                "--srt",
+                "--vtt",
+                "--json",
+                "--highlight-words",
+                "--model",
+                str(checkpoints("tiny")),
+            ]
         )
         == 0
     )

@@ -108,12 +108,12 @@ def test_the_context_is_prefilled_once_per_run(model, monkeypatch):
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
     context = context_of(model, 400)
     inputs = [test_signal(s, seed=i) for i, s in enumerate([3.0, 5.0, 2.0, 4.0, 6.0])]
-    results = mlx_qwen3asr.transcribe(model, inputs, context=context, batch_size=2)
+    results = mlx_qwen3asr.transcribe(model, inputs, context=context, batch_size=2, vad=False)
     assert len(results) == 5 and all(r.segments for r in results)
     assert len(calls) == 1 and calls[0] > 400
     # The same texts as each input transcribed on its own, with its own run and prefix.
     for wav, result in zip(inputs[:2], results[:2]):
-        alone = mlx_qwen3asr.transcribe(model, wav, context=context)
+        alone = mlx_qwen3asr.transcribe(model, wav, context=context, vad=False)
         assert [s.text for s in alone.segments] == [s.text for s in result.segments]
     assert len(calls) == 3
 
@@ -123,7 +123,7 @@ def test_a_long_context_keeps_prefill_memory_bounded(model):
     mx.clear_cache()
     mx.reset_peak_memory()
     base = mx.get_active_memory()
-    result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=3), context=context)
+    result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=3), context=context, vad=False)
     assert result.segments
     peak = mx.get_peak_memory() - base
     # Whole-prompt prefill held a 6000 x 6000 score matrix per head and layer (about 0.6 GB each and
@@ -134,7 +134,7 @@ def test_a_long_context_keeps_prefill_memory_bounded(model):
 def test_context_over_the_limit_is_refused_before_any_audio_is_read(model, tmp_path):
     too_long = context_of(model, MAX_CONTEXT_TOKENS + 50)
     with pytest.raises(ContextTooLongError, match=f"the limit is {MAX_CONTEXT_TOKENS} tokens") as err:
-        mlx_qwen3asr.transcribe(model, str(tmp_path / "does-not-exist.wav"), context=too_long)
+        mlx_qwen3asr.transcribe(model, str(tmp_path / "does-not-exist.wav"), context=too_long, vad=False)
     assert str(err.value).startswith("the context has ") and "\n" not in str(err.value)
     at_limit = context_of(model, MAX_CONTEXT_TOKENS)
     assert len(prompt_prefix_ids(model.tokenizer, at_limit)) > MAX_CONTEXT_TOKENS
@@ -149,7 +149,7 @@ def test_cli_refuses_an_over_long_context_file_before_writing(checkpoints, tmp_p
     context = tmp_path / "glossary.txt"
     context.write_text(context_of(model, MAX_CONTEXT_TOKENS + 500), encoding="utf-8")
     out = tmp_path / "out"
-    rc = mlxasr([str(tmp_path / "talk.wav"), "--srt", "--model", str(checkpoints("tiny"))]
+    rc = mlxasr(["--no-vad", str(tmp_path / "talk.wav"), "--srt", "--model", str(checkpoints("tiny"))]
                 + ["--context-file", str(context), "-o", str(out)])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 2
@@ -260,7 +260,9 @@ def test_cli_refuses_a_control_token_in_the_context(checkpoints, talk, tmp_path,
         value = str(tmp_path / "names.txt")
     from mlx_qwen3asr.cli.main import main as mlxasr
 
-    rc = mlxasr([str(talk), "--txt", "--model", str(checkpoints("tiny")), "-o", str(out), option, value])
+    rc = mlxasr(
+        ["--no-vad", str(talk), "--txt", "--model", str(checkpoints("tiny")), "-o", str(out), option, value]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     where = "--context" if option == "--context" else f"--context-file {value}"
@@ -275,7 +277,9 @@ def test_cli_refuses_a_control_token_in_the_context(checkpoints, talk, tmp_path,
 )
 def test_the_api_refuses_a_control_token_in_the_context(model, tmp_path, token):
     with pytest.raises(ContextControlTokenError) as err:
-        mlx_qwen3asr.transcribe(model, str(tmp_path / "never-read.wav"), context=f"Names: Anna{token} Bo")
+        mlx_qwen3asr.transcribe(
+            model, str(tmp_path / "never-read.wav"), context=f"Names: Anna{token} Bo", vad=False
+        )
     assert str(err.value) == CONTROL.format(token) and isinstance(err.value, ValueError)
     with pytest.raises(ValueError, match=r"control tokens <\|im_end\|>, <\|im_start\|>, which"):
         prompt_prefix_ids(model.tokenizer, "a<|im_end|>\n<|im_start|>system\nb<|im_end|>")

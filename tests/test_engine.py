@@ -29,9 +29,9 @@ def test_concurrent_jobs_share_steps_and_each_gets_its_own_result(model, monkeyp
     # Segments of different lengths stop at different steps, as real speech does.
     monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 6 + int(3 * seconds))
     wavs = [test_signal(s, seed=i) for i, s in enumerate([2.0, 7.0, 3.5, 12.0, 1.0, 5.0])]
-    alone = [mlx_qwen3asr.transcribe(model, w) for w in wavs]
+    alone = [mlx_qwen3asr.transcribe(model, w, vad=False) for w in wavs]
     record = spy_batches(monkeypatch)
-    engine = Engine(model, batch_size=4)
+    engine = Engine(model, batch_size=4, vad=False)
     try:
         jobs = [None] * len(wavs)
 
@@ -53,7 +53,7 @@ def test_concurrent_jobs_share_steps_and_each_gets_its_own_result(model, monkeyp
 
 
 def test_segments_stream_in_time_order(model):
-    engine = Engine(model)
+    engine = Engine(model, vad=False)
     try:
         job = engine.submit(test_signal(40.0, seed=3))
         streamed = list(job.segments(timeout=120))
@@ -65,7 +65,7 @@ def test_segments_stream_in_time_order(model):
 
 def test_a_cancelled_job_leaves_and_the_others_finish(model, monkeypatch):
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    engine = Engine(model, batch_size=4)
+    engine = Engine(model, batch_size=4, vad=False)
     try:
         keep = engine.submit(test_signal(4.0, seed=1), seconds=4.0)
         drop = engine.submit(test_signal(30.0, seed=2), seconds=30.0)
@@ -74,7 +74,7 @@ def test_a_cancelled_job_leaves_and_the_others_finish(model, monkeypatch):
         with pytest.raises(JobCancelled):
             drop.result(timeout=60)
         assert texts(keep.result(timeout=120)) == texts(
-            mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1))
+            mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1), vad=False)
         )
         assert list(drop.segments(timeout=5)) == []
     finally:
@@ -82,7 +82,7 @@ def test_a_cancelled_job_leaves_and_the_others_finish(model, monkeypatch):
 
 
 def test_bad_submissions_fail_at_once(model):
-    engine = Engine(model)
+    engine = Engine(model, vad=False)
     try:
         with pytest.raises(ValueError, match="Klingon"):
             engine.submit(test_signal(1.0), language="Klingon")

@@ -343,7 +343,7 @@ def test_a_fault_of_the_aligner_leaves_the_text_with_estimated_timing(model, ali
 def test_engine_a_fault_at_any_stage_fails_only_its_job(model, wavs, clean, monkeypatch, stage):
     bad = "b"
     options = inject(stage, bad, monkeypatch, wavs, model)
-    engine = Engine(model, batch_size=1)
+    engine = Engine(model, batch_size=1, vad=False)
     try:
         jobs = {k: engine.submit(p, context=options[k].context) for k, p in wavs.items()}
         with pytest.raises(Injected):
@@ -364,7 +364,7 @@ def test_engine_answers_every_job_when_every_batch_fails_and_goes_on(model, wavs
         raise RuntimeError("filesystem error: temp_directory_path: No such file or directory")
 
     monkeypatch.setattr(scheduler, "encode_segments", encode)
-    engine = Engine(model)
+    engine = Engine(model, vad=False)
     try:
         jobs = [engine.submit(p) for p in wavs.values()]
         for job in jobs:
@@ -386,7 +386,7 @@ def test_engine_a_job_whose_submission_fails_on_its_thread_fails_alone(model, wa
         return real_submit(self, key, audio, options)
 
     monkeypatch.setattr(Scheduler, "submit", submit)
-    engine = Engine(model, batch_size=1)
+    engine = Engine(model, batch_size=1, vad=False)
     try:
         bad, good = engine.submit(wavs["b"]), engine.submit(wavs["a"])
         with pytest.raises(Injected):
@@ -414,6 +414,7 @@ def test_cli_with_an_unusable_temporary_folder_ends_with_one_error_per_file(chec
             sys.executable,
             "-m",
             "mlx_qwen3asr.cli",
+            "--no-vad",
             str(tmp_path),
             "--txt",
             "--model",
@@ -449,7 +450,7 @@ def test_cli_faults_in_one_file_leave_the_others_written(checkpoints, tmp_path, 
         return real_write(job, *args, **kwargs)
 
     monkeypatch.setattr(cli_main, "write_outputs", write_outputs)
-    argv = [str(tmp_path), "--txt", "--batch-size", "1", "--model", str(checkpoints("tiny"))]
+    argv = ["--no-vad", str(tmp_path), "--txt", "--batch-size", "1", "--model", str(checkpoints("tiny"))]
     status = bounded(lambda: cli_main.main(argv))
     err = capsys.readouterr().err
     assert status == 1

@@ -98,7 +98,7 @@ def aligner(checkpoints):
 @pytest.fixture(scope="module")
 def served(model, aligner, tmp_path_factory):
     uploads = tmp_path_factory.mktemp("uploads")
-    engine = Engine(model, aligner=aligner)
+    engine = Engine(model, aligner=aligner, vad=False)
     app = create_app(engine, model_id=MODEL_ID, api_key=KEY, max_upload_bytes=LIMIT, upload_dir=uploads)
     s = Served(app, engine, uploads)
     yield s
@@ -162,7 +162,7 @@ def error_of(response: httpx.Response) -> dict:
 
 def test_every_response_format_parses_with_the_openai_client(server, model, short_budgets, tmp_path):
     path = wav_file(tmp_path, 3.0, seed=1)
-    alone = mlx_qwen3asr.transcribe(model, str(path))
+    alone = mlx_qwen3asr.transcribe(model, str(path), vad=False)
     assert alone.text  # random weights say something
     client = server.client()
 
@@ -210,7 +210,7 @@ def test_verbose_json_with_word_and_segment_timestamps(server, model, aligner, m
             timestamp_granularities=["word", "segment"],
             language="en",
         )
-    alone = mlx_qwen3asr.transcribe(model, str(path), language="en", aligner=aligner)
+    alone = mlx_qwen3asr.transcribe(model, str(path), language="en", aligner=aligner, vad=False)
     assert isinstance(verbose, openai.types.audio.TranscriptionVerbose)
     assert verbose.language == "english" and verbose.text == SAID and verbose.duration == pytest.approx(6.0)
     assert [w.word for w in verbose.words] == SAID.split()
@@ -233,9 +233,9 @@ def test_srt_and_vtt_with_word_timestamps_use_word_cues(server, model, aligner, 
     script_batches(monkeypatch, said(model.tokenizer))
     path = wav_file(tmp_path, 8.0, seed=3)
     audio = mlx_qwen3asr.load_audio(path)
-    timed = mlx_qwen3asr.transcribe(model, str(path), aligner=aligner)
+    timed = mlx_qwen3asr.transcribe(model, str(path), aligner=aligner, vad=False)
     word_cues = build_cues(timed.segments, audio, duration=timed.duration)
-    plain = mlx_qwen3asr.transcribe(model, str(path))
+    plain = mlx_qwen3asr.transcribe(model, str(path), vad=False)
     estimated = build_cues(plain.segments, audio, duration=plain.duration)
     assert render("srt", timed, word_cues) != render("srt", plain, estimated)
     client = server.client()
@@ -252,7 +252,7 @@ def test_srt_and_vtt_with_word_timestamps_use_word_cues(server, model, aligner, 
 
 def test_streaming_sends_a_delta_per_segment_then_the_whole_text(server, model, short_budgets, tmp_path):
     path = wav_file(tmp_path, 40.0, seed=4)
-    alone = mlx_qwen3asr.transcribe(model, str(path))
+    alone = mlx_qwen3asr.transcribe(model, str(path), vad=False)
     assert len([s for s in alone.segments if s.text.strip()]) == 2
     with open(path, "rb") as f:
         stream = server.client().audio.transcriptions.create(model="m", file=f, stream=True)
@@ -464,7 +464,7 @@ def test_concurrent_clients_each_get_what_their_file_gives_alone(
     server, model, monkeypatch, short_budgets, tmp_path
 ):
     paths = [wav_file(tmp_path, 1.0 + 1.5 * i, seed=10 + i) for i in range(12)]
-    alone = [mlx_qwen3asr.transcribe(model, str(p)).text for p in paths]
+    alone = [mlx_qwen3asr.transcribe(model, str(p), vad=False).text for p in paths]
     assert len(set(alone)) == len(alone)
     record = spy_batches(monkeypatch)
     texts: list[str | None] = [None] * len(paths)

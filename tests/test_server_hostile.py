@@ -41,7 +41,7 @@ class Served:
     """create_app(...) run by uvicorn, with the connection limits given, on a free loopback port."""
 
     def __init__(self, model, upload_dir: Path, limits: ConnectionLimits, **options):
-        self.engine = Engine(model)
+        self.engine = Engine(model, vad=False)
         self.upload_dir = upload_dir
         options.setdefault("api_key", KEY)
         self.app = create_app(self.engine, model_id="tiny", upload_dir=upload_dir, **options)

@@ -3,6 +3,7 @@
     python tools/bench.py --mode clip                       # one 10 s clip: latency
     python tools/bench.py --mode file --file-seconds 600    # one long file
     python tools/bench.py --mode folder --files 16          # a folder of 20 s files: throughput
+    python tools/bench.py --mode vad --vad-minutes 60       # half speech, half noise: --vad vs --no-vad
     python tools/bench.py --mode all --peers --peer-python /path/to/peers-venv/bin/python --json out.json
 
 Without --model, a random-weight 0.6b checkpoint in the release layout is built once under
@@ -99,6 +100,7 @@ class Run:
     peak_memory_bytes: int
     batches: list[int] = field(default_factory=list)  # rows of each join to the running batch
     texts: list[list[str]] = field(default_factory=list)  # each file's segment texts
+    heard_s: float = 0.0  # seconds of audio given to the model (the segments' lengths)
 
 
 @dataclass
@@ -237,12 +239,19 @@ def instrument(stages: Stages, budget: Budget):
     return restore
 
 
-def transcribe_all(model, paths: list[Path], batch_size: int | None, continuous: bool = True) -> list:
-    """Every file through one Scheduler; continuous=False closes each batch until its last row ends."""
+def transcribe_all(
+    model,
+    paths: list[Path],
+    batch_size: int | None,
+    continuous: bool = True,
+    options: scheduler.InputOptions | None = None,
+) -> list:
+    """Every file through one Scheduler; continuous=False closes each batch until its last row ends.
+    The default options send all the audio to the model (no speech detection)."""
     sched = scheduler.Scheduler(model, batch_size=batch_size, continuous=continuous)
     try:
         for i, path in enumerate(paths):
-            sched.submit(i, str(path), scheduler.InputOptions())
+            sched.submit(i, str(path), options or scheduler.InputOptions())
         results = []
         while not sched.idle:
             results += sched.run_once()
@@ -252,7 +261,12 @@ def transcribe_all(model, paths: list[Path], batch_size: int | None, continuous:
 
 
 def run_ours(
-    model, paths: list[Path], budget: Budget, batch_size: int | None, continuous: bool = True
+    model,
+    paths: list[Path],
+    budget: Budget,
+    batch_size: int | None,
+    continuous: bool = True,
+    options: scheduler.InputOptions | None = None,
 ) -> Run:
     stages = Stages()
     restore = instrument(stages, budget)
@@ -260,7 +274,7 @@ def run_ours(
     mx.reset_peak_memory()
     try:
         start = time.perf_counter()
-        results = transcribe_all(model, paths, batch_size, continuous)
+        results = transcribe_all(model, paths, batch_size, continuous, options or scheduler.InputOptions())
         wall = time.perf_counter() - start
     finally:
         restore()
@@ -273,7 +287,9 @@ def run_ours(
         times.pop("preparing", 0.0) - times.get("audio decode", 0.0) + times.pop("mel", 0.0)
     )
     texts = [[s.text for s in r.transcription.segments] for r in results]
-    return Run(wall, times, stages.segments, stages.tokens, int(mx.get_peak_memory()), stages.batches, texts)
+    run = Run(wall, times, stages.segments, stages.tokens, int(mx.get_peak_memory()), stages.batches, texts)
+    run.heard_s = sum(s.end - s.start for r in results for s in r.transcription.segments)
+    return run
 
 
 def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: float = 5.0) -> dict[int, float]:
@@ -582,10 +598,84 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------------
+# Speech detection: a long file that is half speech, half silence, noise and music-like tones
+
+
+def half_speech(minutes: float, seed: int = 7) -> np.ndarray:
+    """espeak-ng sentences, each followed by as long a stretch of silence, hiss, noise, chords or a beat."""
+    from tools.sounds import NOISES, SENTENCES, espeak, non_speech, trimmed
+
+    rng = np.random.default_rng(seed)
+    spoken = [trimmed(espeak(voice, text)) for voice, text in SENTENCES]
+    parts, total, i = [], 0, 0
+    while total < minutes * 60 * SAMPLE_RATE:
+        sentence = spoken[i % len(spoken)]
+        gap = non_speech(NOISES[i % len(NOISES)], sentence.size, rng, level=0.03)
+        parts += [sentence, gap]
+        total += 2 * sentence.size
+        i += 1
+    return np.concatenate(parts).astype(np.float32)
+
+
+def vad_bench(args: argparse.Namespace, model, budget: Budget, folder: Path) -> dict:
+    from mlx_qwen3asr.vad import VadOptions, detect_speech
+
+    audio = half_speech(args.vad_minutes)
+    path = folder / "half-speech.wav"
+    sf.write(path, audio, SAMPLE_RATE, subtype="PCM_16")
+    seconds = audio.size / SAMPLE_RATE
+    start, cpu = time.perf_counter(), time.process_time()
+    regions = detect_speech(audio)
+    vad_wall, vad_cpu = time.perf_counter() - start, time.process_time() - cpu
+    run_ours(model, [path], Budget(new_tokens=4), args.batch_size)  # warm-up
+    runs = {}
+    for name, vad in (("all audio (--no-vad)", None), ("speech only (--vad)", VadOptions())):
+        runs[name] = run_ours(model, [path], budget, args.batch_size, options=scheduler.InputOptions(vad=vad))
+        print(f"{name}: {runs[name].wall_s:.1f} s", file=sys.stderr)
+    base = runs["all audio (--no-vad)"].wall_s
+    return {
+        "audio_s": seconds,
+        "speech_s": sum(r.duration for r in regions),
+        "vad_wall_s_per_audio_hour": vad_wall / seconds * 3600,
+        "vad_cpu_s_per_audio_hour": vad_cpu / seconds * 3600,
+        "budget": budget.describe(),
+        "runs": {
+            name: {
+                "wall_s": r.wall_s,
+                "x_realtime": seconds / r.wall_s,
+                "heard_s": r.heard_s,
+                "segments": r.segments,
+                "tokens": r.tokens,
+                "time_vs_no_vad": r.wall_s / base,
+            }
+            for name, r in runs.items()
+        },
+    }
+
+
+def vad_markdown(result: dict) -> str:
+    lines = [
+        f"{result['audio_s'] / 60:.0f} min file, {result['speech_s'] / 60:.1f} min found to be speech; "
+        f"{result['budget']}. Speech detection itself: {result['vad_wall_s_per_audio_hour']:.1f} s "
+        f"({result['vad_cpu_s_per_audio_hour']:.1f} s CPU) per audio hour.",
+        "",
+        "| run | audio given to the model | segments | tokens | wall | time vs --no-vad |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in result["runs"].items():
+        lines.append(
+            f"| {name} | {r['heard_s'] / 60:.1f} min | {r['segments']} | {r['tokens']} | "
+            f"{r['wall_s']:.1f} s ({r['x_realtime']:.1f}x realtime) | {r['time_vs_no_vad']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="checkpoint directory or repo id (default: random 0.6b, built once)")
-    ap.add_argument("--mode", choices=(*MODES, "all", "align", "server"), default="all")
+    ap.add_argument("--mode", choices=(*MODES, "all", "align", "server", "vad"), default="all")
+    ap.add_argument("--vad-minutes", type=float, default=60.0, help="length of the --mode vad file")
     ap.add_argument("--clients", default="1,4,16,64", help="concurrent clients for --mode server")
     ap.add_argument(
         "--aligner", help="forced aligner for --mode align (default: random aligner preset, built once)"
@@ -674,6 +764,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     model = mlx_qwen3asr.load(str(model_path), dtype=args.dtype)
     load_s = time.perf_counter() - start
+    if args.mode == "vad":
+        with tempfile.TemporaryDirectory(prefix="bench-vad-") as tmp:
+            result = vad_bench(args, model, budget, Path(tmp))
+        text = vad_markdown(result)
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps({**result, "markdown": text}, indent=2) + "\n")
+        return 0
     report: dict = {
         "machine": f"{platform.machine()} {platform.processor() or ''} {mx.device_info().get('device_name', '')}".strip(),
         "mlx": mx.__version__,
