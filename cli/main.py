@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument(
         "--vad-threshold",
         type=_number_in(VAD_THRESHOLD_RANGE, unit=""),
-        default=VadOptions.threshold,
+        default=None,
         metavar="P",
         help=f"speech probability from which audio counts as speech; lower keeps quieter speech and lets in "
         f"more noise ({_range(VAD_THRESHOLD_RANGE)}; default: {VadOptions.threshold:g})",
@@ -770,6 +770,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
     )
     if args.word_timestamps is None:  # timing words matters for subtitles, not for a transcript
         args.word_timestamps = bool({"srt", "vtt"} & set(formats))
+    if args.vad_threshold is not None and not args.vad:
+        parser.error("argument --vad-threshold: has no effect with --no-vad")
     if args.highlight_words and not args.word_timestamps:
         parser.error("argument --highlight-words: needs word timing (drop --no-word-timestamps)")
     options = TranscribeOptions(
@@ -779,7 +781,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
         cues=cue_options,
         word_timestamps=args.word_timestamps,
         highlight_words=args.highlight_words,
-        vad=VadOptions(threshold=args.vad_threshold) if args.vad else None,
+        vad=VadOptions(threshold=args.vad_threshold or VadOptions.threshold) if args.vad else None,
     )
 
     report = Reporter(out, err, quiet=args.quiet, verbose=args.verbose)

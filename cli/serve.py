@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vad-threshold",
         type=_number_in(VAD_THRESHOLD_RANGE, ""),
-        default=0.5,
+        default=None,
         metavar="P",
         help=f"speech probability from which audio counts as speech ({_range(VAD_THRESHOLD_RANGE)}; default: 0.5)",
     )
@@ -326,7 +326,7 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
         from mlx_qwen3asr.server import ConnectionLimits, create_app, uvicorn_config
         from mlx_qwen3asr.vad import VadOptions
 
-        vad = VadOptions(threshold=args.vad_threshold) if args.vad else False
+        vad = VadOptions(threshold=args.vad_threshold or VadOptions.threshold) if args.vad else False
         engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad)
         api_key = args.api_key
         app = create_app(
@@ -380,6 +380,8 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.vad_threshold is not None and not args.vad:
+            parser.error("argument --vad-threshold: has no effect with --no-vad")
     except SystemExit as e:  # usage errors and --help
         return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
     try:

@@ -226,11 +226,17 @@ def test_cue_timing_is_unchanged_where_there_is_speech(tmp_path, sentences, said
         assert abs(a["start"] - b["start"]) <= 0.1 and abs(a["end"] - b["end"]) <= 0.1, (a, b)
 
 
-def test_a_threshold_out_of_range_is_a_usage_error(tmp_path, capsys):
+def test_a_threshold_out_of_range_or_without_detection_is_a_usage_error(tmp_path, capsys):
+    from mlx_qwen3asr.cli.serve import main as serve
+
     path = tmp_path / "a.wav"
     sf.write(path, np.zeros(RATE, np.float32), RATE)
-    assert main([str(path), "--vad-threshold", "1.5"]) == 2
-    assert "argument --vad-threshold: must be between 0.01 and 0.99, got 1.5" in capsys.readouterr().err
+    for command in (main, lambda argv: serve(argv[1:])):
+        assert command([str(path), "--vad-threshold", "1.5"]) == 2
+        assert "argument --vad-threshold: must be between 0.01 and 0.99, got 1.5" in capsys.readouterr().err
+        assert command([str(path), "--no-vad", "--vad-threshold", "0.3"]) == 2
+        assert "argument --vad-threshold: has no effect with --no-vad" in capsys.readouterr().err
+    assert not list(tmp_path.glob("a.*[!v]"))  # nothing written
 
 
 def test_without_the_detector_each_file_fails_with_one_line(
