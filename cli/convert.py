@@ -12,6 +12,7 @@ import sys
 
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 
+from mlx_qwen3asr import tune_malloc
 from mlx_qwen3asr.convert import (
     ENCODER_BITS,
     GROUP_SIZES,
@@ -105,6 +106,7 @@ def summary(result: ConversionResult) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     open_closed_standard_streams()  # `mlxasr-convert ... <&-`: no file opened later may take fd 0, 1 or 2
+    tune_malloc()
     args = build_parser().parse_args(argv)
 
     def progress(message: str) -> None:

@@ -32,8 +32,9 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from mlx_qwen3asr import __version__
+from mlx_qwen3asr import __version__, tune_malloc
 from mlx_qwen3asr.audio import AudioError
+from mlx_qwen3asr.backend import tuning
 from mlx_qwen3asr.batch import (
     Job,
     OutputClash,
@@ -54,7 +55,6 @@ from mlx_qwen3asr.prompt import ContextError, check_context, read_context_file, 
 from mlx_qwen3asr.result import Segment
 from mlx_qwen3asr.scheduler import (
     DEFAULT_MAX_SEGMENT_SECONDS,
-    MAX_BATCH,
     InputResult,
     transcribe_stream,
 )
@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"segments decoded together, from one long file or from several files ({_range(BATCH_SIZE_RANGE)}; "
         "default: as many as a quarter of the free memory holds KV caches for, at most "
-        f"{MAX_BATCH}); lower it if memory is short",
+        f"{tuning().max_batch}); lower it if memory is short",
     )
 
     cues = p.add_argument_group("subtitle cues")
@@ -561,7 +561,9 @@ class Reporter:
         elif batch_size:
             self.info(f"transcribing {count} file(s), {batch_size} segment(s) at a time")
         else:
-            self.info(f"transcribing {count} file(s), up to {MAX_BATCH} segments at a time as memory allows")
+            self.info(
+                f"transcribing {count} file(s), up to {tuning().max_batch} segments at a time as memory allows"
+            )
 
     def segment(self, seg: Segment, source: Path | None = None) -> None:
         """A transcribed segment; source names its file when segments of several files interleave."""
@@ -1014,6 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     open_closed_standard_streams()  # before any file is opened: none may take fd 0, 1 or 2
+    tune_malloc()  # freed activations are reused rather than page-faulted in afresh (mlx_qwen3asr._cpu)
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["serve"] and not os.path.exists("serve"):
         from mlx_qwen3asr.cli.serve import main as serve

@@ -34,6 +34,7 @@ from mlx_qwen3asr.cli.main import (
 )
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 
+from mlx_qwen3asr import tune_malloc
 from mlx_qwen3asr.loading import DTYPES
 
 PROG = "mlxasr serve"
@@ -407,6 +408,7 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
 def entry() -> None:
     """Run the server as a command: main(), then leave at once with its status."""
     open_closed_standard_streams()  # before any file is opened: none may take fd 0, 1 or 2
+    tune_malloc()
     status = main(exiting=True)
     sys.stdout.flush()
     sys.stderr.flush()

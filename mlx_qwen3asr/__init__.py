@@ -8,8 +8,9 @@ print(result.text)
 
 from ._cpu import preload_openblas, tune_malloc
 
+# OpenBLAS must be loaded before MLX is (its symbols win the lookup only then). Malloc is tuned by the
+# commands (and tools/bench.py), or by calling tune_malloc(): an import changes nothing else.
 preload_openblas()
-tune_malloc()
 
 from .alignment import align  # noqa: E402
 from .audio import AudioError  # noqa: E402
@@ -38,6 +39,7 @@ __all__ = [
     "require_kind",
     "transcribe",
     "transcribe_stream",
+    "tune_malloc",
     "VadOptions",
     "VadUnavailable",
 ]

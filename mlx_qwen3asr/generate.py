@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .backend import tuning
 from .model import KVCache, Qwen3ASR
 
 # Audio tokens arrive at 12.5 per second and speech never needs more text tokens than that; the extra
@@ -19,9 +20,6 @@ BUDGET_MARGIN = 32
 REPEAT_THRESHOLD = 20
 MAX_PERIOD = 20
 LOOP_CHECK_EVERY = 16
-# Rows per prefill call. Prefill costs about the same per token up to 16 rows on a 2-core CPU
-# (0.6b: 6.4-6.8 ms), then more (10 ms at 30 rows): the activations of many rows stop fitting in cache.
-PREFILL_ROWS = 8
 
 
 # Query positions per prefill call: bounds the attention scores of long prompts (a long context) to
@@ -157,6 +155,7 @@ def greedy_generate_batch(
     keep_logits: bool = False,
     on_first_tokens: Callable[[], None] | None = None,
     prefix: Prefix | None = None,
+    prefill_rows: int | None = None,
 ) -> list[Generation]:
     """Decode several prompts together, each greedily until its EOS, budget, or a runaway loop.
 
@@ -164,12 +163,12 @@ def greedy_generate_batch(
     positions count from its own first token, so each row decodes as it would alone. Rows that
     finish leave the batch (their cache rows are dropped), so the rest stop paying for them.
     prefix: a prompt start every row shares, computed once (prefill_prefix); `prompts` then hold
-    what follows it.
+    what follows it. prefill_rows: rows per prefill call (default: the path's tuning).
     """
     n = len(prompts)
     if not (n == len(audio_features) == len(max_new_tokens)):
         raise ValueError("prompts, audio_features and max_new_tokens must have the same length")
-    batch = DecodeBatch(net, eos_ids, prefix=prefix, keep_logits=keep_logits)
+    batch = DecodeBatch(net, eos_ids, prefix=prefix, keep_logits=keep_logits, prefill_rows=prefill_rows)
     results: dict[int, Generation] = dict(batch.add(prompts, audio_features, max_new_tokens, range(n)))
     first = True
     while len(batch):
@@ -197,6 +196,10 @@ class DecodeBatch:
     new prompts and joins their caches to the running ones, each row right-aligned with its own
     padding masked and its own positions, so every row decodes exactly as it would alone. The next
     step is kept in flight while the current tokens are read back.
+
+    A shared prompt start (prefix) is attended to without a copy per row on the CPU path. On the GPU
+    path one of up to Tuning.inline_prefix_tokens tokens is recomputed at the start of every row
+    instead, so that attention runs as MLX's fused kernel; longer ones stay shared.
     """
 
     def __init__(
@@ -206,8 +209,14 @@ class DecodeBatch:
         *,
         prefix: Prefix | None = None,
         keep_logits: bool = False,
+        prefill_rows: int | None = None,
     ):
         self.net, self.eos, self.prefix, self.keep_logits = net, frozenset(eos_ids), prefix, keep_logits
+        settings = tuning()
+        self.prefill_rows = max(1, int(prefill_rows or settings.prefill_rows))
+        self.inline: list[int] = []  # prompt start recomputed in every row (GPU path, short prefix)
+        if prefix is not None and len(prefix.ids) <= settings.inline_prefix_tokens:
+            self.inline, self.prefix = list(prefix.ids), None
         self.rows: list[_Row] = []
         self.cache: list[KVCache] | None = None
         self.left_pad: mx.array | None = None  # (rows,) pad positions in front of each row's own ones
@@ -246,11 +255,11 @@ class DecodeBatch:
                 chosen.append(i)
         if not chosen:
             return done
-        prompts = [prompts[i] for i in chosen]
+        prompts = [self.inline + list(prompts[i]) for i in chosen]
         features = [audio_features[i] for i in chosen]
         caches, lasts = [], []
-        for start in range(0, len(prompts), PREFILL_ROWS):
-            rows = slice(start, start + PREFILL_ROWS)
+        for start in range(0, len(prompts), self.prefill_rows):
+            rows = slice(start, start + self.prefill_rows)
             cache, last, pad_counts = _prefill(self.net, prompts[rows], features[rows], self.prefix)
             mx.eval(last, [c.state for c in cache])
             caches.append((cache, pad_counts))

@@ -20,6 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import hub
+from .backend import tuning
 from .config import ConfigError, ModelConfig
 from .layouts import LayoutError, check_model_type, normalize
 from .model import Qwen3ASR
@@ -73,8 +74,9 @@ def require_kind(model: ASRModel, kind: str) -> None:
 
 
 def default_dtype() -> mx.Dtype:
-    # MLX's CPU bfloat16 matmul is slow; on a GPU the checkpoint's bfloat16 is the fast choice.
-    return mx.bfloat16 if mx.default_device() == mx.gpu else mx.float32
+    """The path's dtype (backend.Tuning): float32 on the CPU, whose bfloat16 products are slow;
+    bfloat16, as the checkpoints are published, on a GPU."""
+    return getattr(mx, tuning().dtype)
 
 
 def parse_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype:

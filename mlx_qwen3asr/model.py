@@ -13,7 +13,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .config import AudioConfig, ModelConfig, TextConfig, conv_output_length
-from .ops import attention, attention_with_prefix, gelu, on_cpu, silu
+from .ops import Linear, attention, attention_with_prefix, gelu, project, silu
 
 # --------------------------------------------------------------------------------------------------
 # Audio encoder
@@ -138,34 +138,6 @@ class AudioEncoder(nn.Module):
 # --------------------------------------------------------------------------------------------------
 # Text decoder
 # --------------------------------------------------------------------------------------------------
-
-
-# Up to this many rows (decoding: one per sequence in the batch), a product runs weight-major on the CPU.
-WEIGHT_MAJOR_ROWS = 3
-
-
-def _project(weight: mx.array, x: mx.array) -> mx.array:
-    """x @ weight.T, computed as (weight @ x.T).T when x has very few rows and MLX runs on the CPU.
-
-    MLX's CPU backend hands every product to BLAS sgemm. With the weights as the left operand,
-    OpenBLAS streams them faster for 1 to 3 rows (a 0.6b decode step: 180-230 ms against 250-310);
-    from 4 rows on, that orientation's speed varies from process to process, often to twice the
-    time, while x @ weight.T holds steady (4 rows 330 ms, 16 rows 440, 32 rows 660). Where the
-    package's kernel for few rows is loaded (_cpu.py), 1 to 8 rows run there in either orientation.
-    """
-    rows = x.size // x.shape[-1]
-    if rows <= WEIGHT_MAJOR_ROWS and on_cpu():
-        return (weight @ x.reshape(rows, -1).T).T.reshape(*x.shape[:-1], -1)
-    return x @ weight.T
-
-
-class Linear(nn.Linear):
-    """A bias-free projection that runs weight-major for few rows on the CPU (see _project)."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if "bias" in self:
-            return super().__call__(x)
-        return _project(self.weight, x)
 
 
 class KVCache:
@@ -367,7 +339,7 @@ class Qwen3ASR(nn.Module):
             return self.lm_head(hidden)
         embed = self.model.embed_tokens
         if isinstance(embed, nn.Embedding):
-            return _project(embed.weight, hidden)
+            return project(embed.weight, hidden)
         return embed.as_linear(hidden)
 
     def __call__(self, inputs_embeds: mx.array, mask=None, cache: list[KVCache] | None = None) -> mx.array:

@@ -21,6 +21,7 @@ import numpy as np
 from . import decode
 from .alignment import align_segments, why_not_aligned
 from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
+from .backend import tuning
 from .decode import ArraySignal, DecodedAudio, Signal, read_audio
 from .generate import DecodeBatch, Prefix, prefill_prefix, token_budget
 from .loading import ASRModel, require_kind
@@ -43,11 +44,6 @@ from .vad import VadOptions, detect_speech, vad_options
 DEFAULT_MAX_SEGMENT_SECONDS = 30.0
 # Encoder work per call, in 100-frame chunks: bounds activation memory however much audio a batch holds.
 ENCODER_CHUNKS_PER_CALL = 256
-# Chunks through the conv stem at once (measured on a CPU: 8 is ~20% faster than 80, and bounds memory).
-STEM_CHUNKS = 8
-# Rows decoded together at most. Tokens per second still grow up to here on a 2-core CPU (0.6b: 36 at
-# 16 rows, 48 at 32); past it, long prompts' prefill would hold too much attention memory at once.
-MAX_BATCH = 32
 # Share of the available memory that the batch's KV cache may take.
 MEMORY_FRACTION = 0.25
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
@@ -137,8 +133,9 @@ def encode_segments(model: ASRModel, mels: Sequence[np.ndarray]) -> list[mx.arra
         # The conv stem's activations are the largest of the encoder: evaluated a few chunks at a time
         # they stay in cache and bounded.
         stem = []
-        for i in range(0, batch.chunks.shape[0], STEM_CHUNKS):
-            stem.append(tower.embed_chunks(batch.chunks[i : i + STEM_CHUNKS]))
+        step = tuning().stem_chunks
+        for i in range(0, batch.chunks.shape[0], step):
+            stem.append(tower.embed_chunks(batch.chunks[i : i + step]))
             mx.eval(stem[-1])
         out = tower.encode_embedded(mx.concatenate(stem, axis=0), batch)
         mx.eval(out)
@@ -326,9 +323,11 @@ class Scheduler:
         on_segment: Callable[[Hashable, Segment], None] | None = None,
         continuous: bool = True,
         held_seconds: float = HELD_SECONDS,
+        max_batch: int | None = None,
     ) -> None:
         """continuous=False keeps a batch closed until its last row finishes (batch after batch), for
-        comparison. held_seconds: decoded audio that inputs read ahead may hold in memory at once."""
+        comparison. held_seconds: decoded audio that inputs read ahead may hold in memory at once.
+        max_batch: rows at most when the batch is sized automatically (default: the path's tuning)."""
         require_kind(model, "asr")
         self.continuous = continuous
         if aligner is not None:
@@ -336,7 +335,7 @@ class Scheduler:
         self.model, self.aligner, self.on_segment = model, aligner, on_segment
         self.max_segment_seconds = max_segment_seconds
         self.fixed = max(1, int(batch_size)) if batch_size else None
-        self.size = self.fixed or MAX_BATCH
+        self.size = self.fixed or max(1, int(max_batch or tuning().max_batch))
         self.kv_memory = None if self.fixed else int(available_memory() * MEMORY_FRACTION)
         tok = model.tokenizer
         self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
@@ -729,7 +728,7 @@ def transcribe_stream(
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
     batch_size: rows decoded together (None: as many as MEMORY_FRACTION of the free memory holds
-        KV caches for, given the segments' lengths, up to MAX_BATCH); finished rows are replaced by
+        KV caches for, given the segments' lengths, up to the path's Tuning.max_batch); finished rows are replaced by
         waiting segments as they go (continuous batching).
     skip: inputs whose waveform this returns True for are not sent to the model (empty result).
     on_segment(input index, segment): each input's segments, in time order, as they become known.

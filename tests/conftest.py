@@ -7,7 +7,9 @@ import pytest
 
 # Imported before any test module imports mlx: the package loads OpenBLAS for MLX's CPU backend only
 # if it comes first (mlx_qwen3asr._cpu); otherwise every MLX product runs on the slow bundled BLAS.
-import mlx_qwen3asr  # noqa: F401
+import mlx_qwen3asr  # noqa: E402
+
+mlx_qwen3asr.tune_malloc()  # as the commands do
 
 # The vocabulary travels with the repository (tools/published/), so a fresh clone runs the tests.
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "tools" / "published" / "tokenizer"
@@ -45,6 +47,16 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("measured parity figures")
         for line in MEASUREMENTS:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def code_path(request):
+    """Run the test on each code path: the CPU backend's kernels, and exactly the branches a GPU takes
+    (MLX's fused kernels; mlx_qwen3asr.backend)."""
+    from mlx_qwen3asr.backend import use_path
+
+    with use_path(request.param):
+        yield request.param
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate, scheduler
+from mlx_qwen3asr import backend, generate, scheduler
 from mlx_qwen3asr.audio import log_mel_spectrogram
 from mlx_qwen3asr.generate import greedy_generate, greedy_generate_batch
 from mlx_qwen3asr.model import KVCache
@@ -91,8 +93,9 @@ def test_each_row_decodes_exactly_as_it_would_alone(model, rows, prefill_rows, m
         return real_stack(cls, caches, capacity)
 
     monkeypatch.setattr(KVCache, "stack", classmethod(stack))
-    monkeypatch.setattr(generate, "PREFILL_ROWS", prefill_rows)
-    batch = greedy_generate_batch(model.net, prompts, feats, budgets, eos, keep_logits=True)
+    batch = greedy_generate_batch(
+        model.net, prompts, feats, budgets, eos, keep_logits=True, prefill_rows=prefill_rows
+    )
     if prefill_rows == 2:
         widths = [max(len(p) for p in prompts[i : i + 2]) for i in (0, 2, 4)]
         assert joined == [widths] * model.config.text_config.num_hidden_layers
@@ -245,8 +248,9 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     assert all((prefix + kv) * per_position <= share for kv in two.kv_positions)
     assert max(two.sizes) < 6
     assert max(run(0).sizes) == 1  # no room: one row at a time, still done
-    monkeypatch.setattr(scheduler, "MAX_BATCH", 4)
-    assert max(run(1 << 50).sizes) == 4  # plenty of room: MAX_BATCH rows at most
+    four = dataclasses.replace(backend.tuning(), max_batch=4)
+    monkeypatch.setattr(scheduler, "tuning", lambda: four)
+    assert max(run(1 << 50).sizes) == 4  # plenty of room: Tuning.max_batch rows at most
 
 
 def test_stacked_caches_right_align_rows_and_leave_room():
@@ -413,3 +417,52 @@ def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_
 
     assert run(6.0) <= 6.0 * 16000
     assert run(1.0) == 30400  # a budget short of one input: one at a time, still done
+
+
+@pytest.mark.parametrize("context", ["", "Qwen, MLX, " * 60], ids=["system-prompt", "long-context"])
+def test_a_shared_prompt_start_decodes_as_the_whole_prompt_on_either_path(
+    model, rows, code_path, context, monkeypatch
+):
+    """The scheduler computes the prompt start once (Prefix) and decodes what follows it. On the CPU
+    path every row attends to it without a copy; on the GPU path a short one is recomputed in each row
+    so that attention is MLX's fused kernel, and a long one stays shared. Either way every row decodes
+    the ids of its whole prompt decoded alone."""
+    from mlx_qwen3asr import ops
+    from mlx_qwen3asr.backend import tuning
+    from mlx_qwen3asr.generate import DecodeBatch, prefill_prefix
+    from mlx_qwen3asr.prompt import prompt_prefix_ids, prompt_suffix_ids
+
+    _, feats = rows
+    eos = eos_of(model)
+    start = prompt_prefix_ids(model.tokenizer, context)
+    suffixes = [prompt_suffix_ids(model.tokenizer, int(f.shape[0]), None) for f in feats]
+    solo = [greedy_generate(model.net, start + s, f, 12, eos) for s, f in zip(suffixes, feats)]
+
+    calls = {"fused": 0, "shared": 0}
+    fused, shared = mx.fast.scaled_dot_product_attention, ops.attention_with_prefix
+
+    def count(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", count("fused", fused))
+    import mlx_qwen3asr.model as model_module
+
+    monkeypatch.setattr(model_module, "attention_with_prefix", count("shared", shared))
+    batch = DecodeBatch(model.net, eos, prefix=prefill_prefix(model.net, start))
+    inline = len(start) <= tuning().inline_prefix_tokens
+    assert (batch.prefix is None) == inline and batch.inline == (start if inline else [])
+    calls.update(fused=0, shared=0)  # count the decoding only
+    results = dict(batch.add(suffixes, feats, [12] * len(feats), range(len(feats))))
+    while len(batch):
+        results.update(batch.step())
+    assert [results[i].tokens for i in range(len(feats))] == [g.tokens for g in solo]
+    if code_path == "gpu" and inline:
+        assert calls["shared"] == 0 and calls["fused"] > 0
+    else:
+        assert calls["shared"] > 0
+        if code_path == "cpu":
+            assert calls["fused"] == 0

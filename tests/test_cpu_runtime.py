@@ -33,12 +33,23 @@ def test_openblas_is_loaded_when_installed():
 
 @linux_only
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt tuning is glibc's")
-def test_malloc_is_tuned_on_glibc_and_can_be_turned_off():
-    assert _cpu.malloc_tuned
-    code = "import mlx_qwen3asr._cpu as c; import mlx_qwen3asr; print(c.malloc_tuned)"
-    env = dict(os.environ, MLX_QWEN3ASR_NO_MALLOC_TUNING="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+def test_malloc_is_tuned_by_the_commands_not_by_an_import_and_can_be_turned_off():
+    def tuned(code: str, **env: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", f"import mlx_qwen3asr._cpu as c\n{code}\nprint(c.malloc_tuned)"],
+            env=dict(os.environ, **env),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return run.stdout.split()[-1]
+
+    assert tuned("import mlx_qwen3asr") == "False"
+    for module in ("main", "convert"):
+        call = f"from mlx_qwen3asr.cli.{module} import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass"
+        assert tuned(call) == "True"
+        assert tuned(call, MLX_QWEN3ASR_NO_MALLOC_TUNING="1") == "False"
+    assert tuned("import mlx_qwen3asr; mlx_qwen3asr.tune_malloc()") == "True"
 
 
 # --------------------------------------------------------------------------------------------------

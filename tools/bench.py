@@ -42,11 +42,18 @@ import mlx_qwen3asr  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 # isort: on
+mlx_qwen3asr.tune_malloc()  # as the commands do
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 
-from mlx_qwen3asr import _cpu, generate, scheduler  # noqa: E402
+from mlx_qwen3asr import (  # noqa: E402
+    _cpu,
+    backend,  # noqa: E402
+    generate,
+    scheduler,
+)
 from mlx_qwen3asr.audio import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr.backend import tuning  # noqa: E402
 from mlx_qwen3asr.generate import greedy_generate_batch  # noqa: E402
 from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
 
@@ -723,8 +730,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run each mode with every batch closed until its last row ends (no rows joining)",
     )
+    ap.add_argument(
+        "--paths",
+        default=None,
+        help="code paths to time, comma-separated: cpu (the CPU backend's kernels), gpu (MLX's fused "
+        "kernels, as on a Mac; mlx_qwen3asr.backend) (default: the device's own path)",
+    )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
+    args.paths = args.paths or backend.path()
 
     if args.mode == "align":
         with tempfile.TemporaryDirectory(prefix="bench-align-") as tmp:
@@ -785,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": budget.new_tokens,
         "tokens_per_second": budget.per_second,
         "runs": args.runs,
-        "batch_size": args.batch_size or f"automatic (at most {scheduler.MAX_BATCH})",
+        "batch_size": args.batch_size or f"automatic (at most {tuning().max_batch})",
         "modes": [],
         "peers": [],
     }
@@ -793,12 +807,21 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             paths = write_audio(Path(tmp) / mode, mode, args)
             seconds = sum(sf.info(p).duration for p in paths)
-            run_ours(model, paths[:1], Budget(new_tokens=4), args.batch_size)  # warm-up
             runs = []
-            for i in range(args.runs):
-                runs.append(run_ours(model, paths, budget, args.batch_size))
-                print(f"{mode} run {i + 1}: {runs[-1].wall_s:.2f} s", file=sys.stderr)
-            report["modes"].append(summarize(mode, seconds, runs, load_s))
+            for code_path in args.paths.split(","):
+                # The GPU path on a CPU: the branches a Mac takes (MLX's fused kernels), timed here.
+                with backend.use_path(code_path):
+                    run_ours(model, paths[:1], Budget(new_tokens=4), args.batch_size)  # warm-up
+                    these = []
+                    for i in range(args.runs):
+                        these.append(run_ours(model, paths, budget, args.batch_size))
+                        print(
+                            f"{mode}, {code_path} path, run {i + 1}: {these[-1].wall_s:.2f} s",
+                            file=sys.stderr,
+                        )
+                name = mode if code_path == backend.path() else f"{mode} ({code_path} path)"
+                report["modes"].append(summarize(name, seconds, these, load_s))
+                runs = runs or these
             if args.compare_batching:
                 closed = []
                 for i in range(args.runs):
