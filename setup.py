@@ -10,8 +10,8 @@ if sys.platform.startswith("linux"):
     # installs and runs on OpenBLAS's sgemm alone.
     extensions.append(
         Extension(
-            "mlx_qwen3asr._gemv_forward",
-            ["mlx_qwen3asr/_gemv_forward.c"],
+            "mlx_qwen3asr.runtime._gemv_forward",
+            ["mlx_qwen3asr/runtime/_gemv_forward.c"],
             extra_compile_args=["-O3", "-fopenmp"],
             extra_link_args=["-fopenmp"],
             optional=True,

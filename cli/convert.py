@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
-
 from mlx_qwen3asr import tune_malloc
-from mlx_qwen3asr.convert import (
+from mlx_qwen3asr.checkpoints.convert import (
     ENCODER_BITS,
     GROUP_SIZES,
     QUANT_BITS,
@@ -21,7 +19,8 @@ from mlx_qwen3asr.convert import (
     ConvertError,
     convert_checkpoint,
 )
-from mlx_qwen3asr.loading import DTYPES, ModelLoadError
+from mlx_qwen3asr.checkpoints.loading import DTYPES, ModelLoadError
+from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 
 PROG = "mlxasr-convert"
 # How many layer names to print before summarising the rest.

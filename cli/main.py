@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -33,16 +32,18 @@ from rich.table import Table
 from rich.text import Text
 
 from mlx_qwen3asr import __version__, tune_malloc
-from mlx_qwen3asr.audio import AudioError
-from mlx_qwen3asr.backend import tuning
-from mlx_qwen3asr.batch import (
+from mlx_qwen3asr.audio.features import AudioError
+from mlx_qwen3asr.audio.files import estimate_duration, is_silent
+from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.checkpoints.loading import DTYPES, load, require_kind
+from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
+from mlx_qwen3asr.outputs.cues import CueOptions, format_timestamp
+from mlx_qwen3asr.outputs.folder import (
     Job,
     OutputClash,
     TranscribeOptions,
-    estimate_duration,
     existing_outputs,
     find_inputs,
-    is_silent,
     output_problem,
     outputs_older_than_input,
     plan_jobs,
@@ -50,17 +51,12 @@ from mlx_qwen3asr.batch import (
     remove_stale_temporaries,
     write_outputs,
 )
-from mlx_qwen3asr.loading import DTYPES, load, require_kind
-from mlx_qwen3asr.prompt import ContextError, check_context, read_context_file, resolve_language
-from mlx_qwen3asr.result import Segment
-from mlx_qwen3asr.scheduler import (
-    DEFAULT_MAX_SEGMENT_SECONDS,
-    InputResult,
-    transcribe_stream,
-)
-from mlx_qwen3asr.subtitles import CueOptions, format_timestamp
-from mlx_qwen3asr.vad import VadOptions
-from mlx_qwen3asr.writers import FORMATS
+from mlx_qwen3asr.outputs.render import FORMATS
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
+from mlx_qwen3asr.pipeline.result import Segment
+from mlx_qwen3asr.pipeline.scheduler import InputResult, transcribe_stream
+from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.text.prompt import ContextError, check_context, read_context_file, resolve_language
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 MODEL_ENV = "MLXASR_MODEL"
@@ -1016,7 +1012,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     open_closed_standard_streams()  # before any file is opened: none may take fd 0, 1 or 2
-    tune_malloc()  # freed activations are reused rather than page-faulted in afresh (mlx_qwen3asr._cpu)
+    tune_malloc()  # freed activations are reused rather than page-faulted in afresh (mlx_qwen3asr.runtime.cpu)
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["serve"] and not os.path.exists("serve"):
         from mlx_qwen3asr.cli.serve import main as serve

@@ -1,4 +1,4 @@
-"""`mlxasr serve`: an OpenAI-compatible transcription server (mlx_qwen3asr.server) run with uvicorn.
+"""`mlxasr serve`: an OpenAI-compatible transcription server (mlx_qwen3asr.serve.app) run with uvicorn.
 
 mlxasr serve --model Qwen/Qwen3-ASR-0.6B --port 8000
 curl -F file=@talk.wav -F model=qwen3-asr http://127.0.0.1:8000/v1/audio/transcriptions
@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from mlx_qwen3asr import tune_malloc
+from mlx_qwen3asr.checkpoints.loading import DTYPES
 from mlx_qwen3asr.cli.main import (
     ALIGNER_ENV,
     BATCH_SIZE_RANGE,
@@ -33,9 +35,6 @@ from mlx_qwen3asr.cli.main import (
     _range,
 )
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
-
-from mlx_qwen3asr import tune_malloc
-from mlx_qwen3asr.loading import DTYPES
 
 PROG = "mlxasr serve"
 API_KEY_ENV = "MLXASR_API_KEY"
@@ -279,7 +278,7 @@ def _raise_open_files(connections: int) -> None:
 
 def _load_models(args: argparse.Namespace):
     """(model, aligner or None, why word timestamps are unavailable) or an exit status."""
-    from mlx_qwen3asr.loading import load, require_kind
+    from mlx_qwen3asr.checkpoints.loading import load, require_kind
 
     print(f"loading model {args.model}", file=sys.stderr)
     try:
@@ -323,9 +322,9 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
 
         import uvicorn
 
-        from mlx_qwen3asr.engine import Engine
-        from mlx_qwen3asr.server import ConnectionLimits, create_app, uvicorn_config
-        from mlx_qwen3asr.vad import VadOptions
+        from mlx_qwen3asr.audio.vad import VadOptions
+        from mlx_qwen3asr.pipeline.engine import Engine
+        from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
 
         vad = VadOptions(threshold=args.vad_threshold or VadOptions.threshold) if args.vad else False
         engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad)

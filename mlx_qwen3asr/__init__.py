@@ -6,20 +6,20 @@ result = mlx_qwen3asr.transcribe(model, "talk.m4a")
 print(result.text)
 """
 
-from ._cpu import preload_openblas, tune_malloc
+from mlx_qwen3asr.runtime.cpu import preload_openblas, tune_malloc
 
 # OpenBLAS must be loaded before MLX is (its symbols win the lookup only then). Malloc is tuned by the
 # commands (and tools/bench.py), or by calling tune_malloc(): an import changes nothing else.
 preload_openblas()
 
-from .alignment import align  # noqa: E402
-from .audio import AudioError  # noqa: E402
-from .decode import load_audio, read_audio  # noqa: E402
-from .loading import ASRModel, ModelLoadError, WrongModelError, load, require_kind  # noqa: E402
-from .prompt import SUPPORTED_LANGUAGES  # noqa: E402
-from .scheduler import InputResult, transcribe_stream  # noqa: E402
-from .transcribe import Segment, Transcription, transcribe  # noqa: E402
-from .vad import VadOptions, VadUnavailable  # noqa: E402
+from mlx_qwen3asr.audio.features import AudioError  # noqa: E402
+from mlx_qwen3asr.audio.files import load_audio, read_audio  # noqa: E402
+from mlx_qwen3asr.audio.vad import VadOptions, VadUnavailable  # noqa: E402
+from mlx_qwen3asr.checkpoints.loading import ASRModel, ModelLoadError, WrongModelError, load, require_kind  # noqa: E402
+from mlx_qwen3asr.pipeline.alignment import align  # noqa: E402
+from mlx_qwen3asr.pipeline.scheduler import InputResult, transcribe_stream  # noqa: E402
+from mlx_qwen3asr.pipeline.transcribe import Segment, Transcription, transcribe  # noqa: E402
+from mlx_qwen3asr.text.prompt import SUPPORTED_LANGUAGES  # noqa: E402
 
 __version__ = "0.1.0"
 

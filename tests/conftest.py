@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 # Imported before any test module imports mlx: the package loads OpenBLAS for MLX's CPU backend only
-# if it comes first (mlx_qwen3asr._cpu); otherwise every MLX product runs on the slow bundled BLAS.
+# if it comes first (mlx_qwen3asr.runtime.cpu); otherwise every MLX product runs on the slow bundled BLAS.
 import mlx_qwen3asr  # noqa: E402
 
 mlx_qwen3asr.tune_malloc()  # as the commands do
@@ -52,8 +52,8 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(params=["cpu", "gpu"])
 def code_path(request):
     """Run the test on each code path: the CPU backend's kernels, and exactly the branches a GPU takes
-    (MLX's fused kernels; mlx_qwen3asr.backend)."""
-    from mlx_qwen3asr.backend import use_path
+    (MLX's fused kernels; mlx_qwen3asr.runtime.backend)."""
+    from mlx_qwen3asr.runtime.backend import use_path
 
     with use_path(request.param):
         yield request.param

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from official import official_module
 
-# MLX's CPU backend runs on OpenBLAS loaded globally (mlx_qwen3asr._cpu); with it in the process,
+# MLX's CPU backend runs on OpenBLAS loaded globally (mlx_qwen3asr.runtime.cpu); with it in the process,
 # torch's OpenMP threads and OpenBLAS's threads oversubscribe the cores and the reference runs ~3x
 # slower than on one torch thread (20 s of audio, 32 greedy steps, 2 cores: 32.6 s vs 12.4 s).
 torch.set_num_threads(1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlx_qwen3asr import scheduler
-from mlx_qwen3asr.generate import DecodeBatch, Generation
+from mlx_qwen3asr.model.generate import DecodeBatch, Generation
+from mlx_qwen3asr.pipeline import scheduler
 
 
 class Record:

@@ -6,9 +6,9 @@ import pytest
 from reference import OfficialAligner, max_abs, test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr.alignment import aligner_prompt, timestamp_classes
-from mlx_qwen3asr.audio import log_mel_spectrogram
-from mlx_qwen3asr.scheduler import encode_segments
+from mlx_qwen3asr.audio.features import log_mel_spectrogram
+from mlx_qwen3asr.pipeline.alignment import aligner_prompt, timestamp_classes
+from mlx_qwen3asr.pipeline.encoding import encode_segments
 
 ENGLISH = "so the first thing i want to talk about today is the budget for next year".split()
 
@@ -66,7 +66,7 @@ def test_a_batch_gives_each_row_what_it_gets_alone(checkpoints):
 
 
 def test_long_prompts_are_aligned_in_chunks(checkpoints, monkeypatch):
-    from mlx_qwen3asr import alignment as align
+    from mlx_qwen3asr.pipeline import alignment as align
 
     aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"), dtype="float32")
     wav = test_signal(40.0, seed=5)
@@ -149,7 +149,7 @@ def test_words_classes_and_times_match_official(checkpoints, name):
     import torch
     from official import official_aligner_module
 
-    from mlx_qwen3asr.words import split_items, word_times
+    from mlx_qwen3asr.text.words import split_items, word_times
 
     language, text = TEXTS[name]
     official, ours = pair(checkpoints, "aligner-tiny")

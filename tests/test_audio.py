@@ -17,8 +17,8 @@ from official import official_module
 from transformers import WhisperFeatureExtractor
 from transformers.utils import is_torch_available
 
-from mlx_qwen3asr import decode as audio_mod
-from mlx_qwen3asr.audio import (
+from mlx_qwen3asr.audio import files as audio_mod
+from mlx_qwen3asr.audio.features import (
     AUDIO_EXTENSIONS,
     HOP_LENGTH,
     N_FFT,
@@ -31,7 +31,7 @@ from mlx_qwen3asr.audio import (
     mel_frame_count,
     prepare_audio,
 )
-from mlx_qwen3asr.decode import AudioTooLong, load_audio, probe_seconds, read_audio
+from mlx_qwen3asr.audio.files import AudioTooLong, load_audio, probe_seconds, read_audio
 
 MEL_TOL = 1e-4
 
@@ -642,7 +642,7 @@ def test_truncated_file_is_read_in_part_with_a_warning(minute, ext, capfd):
 
 
 def test_native_chatter_is_captured_and_other_output_kept(capfd):
-    from mlx_qwen3asr.decode import _native_stderr
+    from mlx_qwen3asr.audio.files import _native_stderr
 
     notes: list[str] = []
     with _native_stderr(notes):
@@ -731,8 +731,8 @@ def test_one_hertz_wav_is_refused_at_once_in_bounded_memory(tmp_path):
     # peak resident memory is checked), so the old behaviour fails fast instead of taking the machine.
     child = (
         "import os, resource, sys\n"
-        "from mlx_qwen3asr.audio import AudioError\n"
-        "from mlx_qwen3asr.decode import read_audio\n"
+        "from mlx_qwen3asr.audio.features import AudioError\n"
+        "from mlx_qwen3asr.audio.files import read_audio\n"
         "if os.path.exists('/proc/self/status'):\n"
         "    vm = [int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmSize')][0]\n"
         "    resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (1 << 30), resource.RLIM_INFINITY))\n"

@@ -11,12 +11,15 @@ import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import backend, generate, scheduler
-from mlx_qwen3asr.audio import log_mel_spectrogram
-from mlx_qwen3asr.generate import greedy_generate, greedy_generate_batch
-from mlx_qwen3asr.model import KVCache
-from mlx_qwen3asr.prompt import build_prompt_ids
-from mlx_qwen3asr.scheduler import encode_segments, transcribe_stream
+from mlx_qwen3asr.audio.features import log_mel_spectrogram
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model.generate import greedy_generate, greedy_generate_batch
+from mlx_qwen3asr.model.modules import KVCache
+from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
+from mlx_qwen3asr.runtime import backend
+from mlx_qwen3asr.text.prompt import build_prompt_ids
 
 SECONDS = [3.0, 11.5, 0.7, 7.9, 20.0]  # prompts of very different lengths: heavy left padding
 
@@ -279,7 +282,7 @@ def test_stacked_caches_right_align_rows_and_leave_room():
 def test_rows_joining_a_running_batch_decode_exactly_as_alone(model, rows):
     """Continuous batching: prompts prefilled and joined between steps, at different widths and while
     other rows are part-way through, each decode the ids (and logits) they get alone."""
-    from mlx_qwen3asr.generate import DecodeBatch
+    from mlx_qwen3asr.model.generate import DecodeBatch
 
     prompts, feats = rows
     budgets = [40, 25, 60, 3, 50]
@@ -313,7 +316,7 @@ def test_rows_joining_a_running_batch_decode_exactly_as_alone(model, rows):
 
 
 def test_dropped_rows_leave_the_others_untouched(model, rows):
-    from mlx_qwen3asr.generate import DecodeBatch
+    from mlx_qwen3asr.model.generate import DecodeBatch
 
     prompts, feats = rows
     eos = eos_of(model)
@@ -372,7 +375,7 @@ def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_
     import threading
     import weakref
 
-    from mlx_qwen3asr import decode
+    from mlx_qwen3asr.audio import files as decode
 
     monkeypatch.setattr(decode, "SPILL_SECONDS", 2.0)
     monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 3)
@@ -427,10 +430,10 @@ def test_a_shared_prompt_start_decodes_as_the_whole_prompt_on_either_path(
     path every row attends to it without a copy; on the GPU path a short one is recomputed in each row
     so that attention is MLX's fused kernel, and a long one stays shared. Either way every row decodes
     the ids of its whole prompt decoded alone."""
-    from mlx_qwen3asr import ops
-    from mlx_qwen3asr.backend import tuning
-    from mlx_qwen3asr.generate import DecodeBatch, prefill_prefix
-    from mlx_qwen3asr.prompt import prompt_prefix_ids, prompt_suffix_ids
+    from mlx_qwen3asr.model import ops
+    from mlx_qwen3asr.model.generate import DecodeBatch, prefill_prefix
+    from mlx_qwen3asr.runtime.backend import tuning
+    from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids
 
     _, feats = rows
     eos = eos_of(model)
@@ -449,7 +452,7 @@ def test_a_shared_prompt_start_decodes_as_the_whole_prompt_on_either_path(
         return wrapper
 
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", count("fused", fused))
-    import mlx_qwen3asr.model as model_module
+    import mlx_qwen3asr.model.modules as model_module
 
     monkeypatch.setattr(model_module, "attention_with_prefix", count("shared", shared))
     batch = DecodeBatch(model.net, eos, prefix=prefill_prefix(model.net, start))

@@ -13,18 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-import mlx_qwen3asr.cli.main as cli_main
 import numpy as np
 import pytest
 import soundfile as sf
 import srt
 import webvtt
-from mlx_qwen3asr.cli.main import main
 from reference import test_signal
 
-import mlx_qwen3asr.decode as audio_module
-from mlx_qwen3asr.batch import find_inputs, is_up_to_date, output_stem, plan_jobs
-from mlx_qwen3asr.subtitles import text_width
+import mlx_qwen3asr.audio.files as audio_module
+import mlx_qwen3asr.cli.main as cli_main
+from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.outputs.cues import text_width
+from mlx_qwen3asr.outputs.folder import find_inputs, is_up_to_date, output_stem, plan_jobs
 
 ALL = ["--txt", "--srt", "--vtt", "--json"]
 SRT_TIMING = re.compile(r"^\d{2,}:[0-5]\d:[0-5]\d,\d{3} --> \d{2,}:[0-5]\d:[0-5]\d,\d{3}$")

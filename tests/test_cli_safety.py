@@ -19,15 +19,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-import mlx_qwen3asr.cli.main as cli_main
 import pytest
-from mlx_qwen3asr.cli.main import main
 from test_cli import ALL, check_outputs, errors_for, temporaries, write_audio
 
-from mlx_qwen3asr import writers
-from mlx_qwen3asr.batch import find_inputs
-from mlx_qwen3asr.subtitles import CueOptions
-from mlx_qwen3asr.writers import atomic_write_files
+import mlx_qwen3asr.cli.main as cli_main
+from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.outputs import render as writers
+from mlx_qwen3asr.outputs.cues import CueOptions
+from mlx_qwen3asr.outputs.folder import find_inputs
+from mlx_qwen3asr.outputs.render import atomic_write_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUR_TEMP = re.compile(r"^\.(.+)\.mlxasr-(\d+)-[0-9a-z]+\.tmp$", re.S)
@@ -364,7 +364,7 @@ def test_an_output_name_too_long_for_the_file_system_fails_before_the_model_load
 
 KILLED_WRITER = """
 import os, signal, sys
-from mlx_qwen3asr import writers
+from mlx_qwen3asr.outputs import render as writers
 def die(fd):
     os.kill(os.getpid(), signal.SIGKILL)
 writers.os.fsync = die
@@ -511,8 +511,8 @@ def test_estimates_never_open_a_fifo(tmp_path):
     os.mkfifo(fifo)
     # Run in a child so that a blocking open cannot hang the test run.
     code = (
-        "import sys; from mlx_qwen3asr.batch import estimate_duration, probe_duration; "
-        "print(probe_duration(sys.argv[1]), estimate_duration(sys.argv[1]))"
+        "import sys; from mlx_qwen3asr.audio.files import estimate_duration, probe_seconds; "
+        "print(probe_seconds(sys.argv[1]), estimate_duration(sys.argv[1]))"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.split() == ["None", "0.0"], proc.stderr
@@ -710,7 +710,7 @@ def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, 
             for seg in res.transcription.segments:  # no flagged segments: only our warnings are printed
                 seg.truncated = seg.repetitive = False
             if res.source == str(a):
-                res.transcription.warnings = list(messages)  # the field result.py is gaining
+                res.transcription.warnings = list(messages)  # the field Transcription is gaining
             yield res
 
     monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_warnings)

@@ -6,19 +6,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlx_qwen3asr.cli.main as cli_main
 import numpy as np
 import pytest
 import soundfile as sf
 import srt
 import webvtt
-from mlx_qwen3asr.cli.main import main
 from reference import test_signal
 from scripted import script_batches
 from test_word_cues import check_word_cues
 
-from mlx_qwen3asr.result import Segment, Word
-from mlx_qwen3asr.subtitles import CueOptions, build_cues
+import mlx_qwen3asr.cli.main as cli_main
+from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.outputs.cues import CueOptions, build_cues
+from mlx_qwen3asr.pipeline.result import Segment, Word
 
 SAID = [
     "So the first thing I want to talk about today, is the budget for next year.",
@@ -29,7 +29,7 @@ SAID = [
 @pytest.fixture
 def scripted(checkpoints, monkeypatch):
     """The speech model 'says' SAID, one text per segment, and stops (random weights never do)."""
-    from mlx_qwen3asr.tokenizer import Tokenizer
+    from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
     queue = list(SAID)
@@ -43,7 +43,7 @@ def scripted(checkpoints, monkeypatch):
 def paced(monkeypatch):
     """The aligner times words at a speaking pace (random weights put them anywhere, often past the end):
     each word 0.32 s after the previous, 0.25 s long, with a 0.9 s pause after every seventh word."""
-    from mlx_qwen3asr import alignment
+    from mlx_qwen3asr.pipeline import alignment
 
     def classes(aligner, prompts, features, keep_logits=False):
         out = []
@@ -123,7 +123,7 @@ def test_highlighted_subtitles_underline_each_word_once(tmp_path, checkpoints, s
 def test_an_unsupported_language_keeps_estimated_timing_and_says_so(
     tmp_path, checkpoints, monkeypatch, capsys
 ):
-    from mlx_qwen3asr.tokenizer import Tokenizer
+    from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
 

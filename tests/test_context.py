@@ -15,10 +15,12 @@ import pytest
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate, scheduler
-from mlx_qwen3asr.audio import log_mel_spectrogram
-from mlx_qwen3asr.generate import greedy_generate_batch, prefill_prefix
-from mlx_qwen3asr.prompt import (
+from mlx_qwen3asr.audio.features import log_mel_spectrogram
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model.generate import greedy_generate_batch, prefill_prefix
+from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.text.prompt import (
     MAX_CONTEXT_BYTES,
     MAX_CONTEXT_TOKENS,
     ContextControlTokenError,
@@ -29,7 +31,6 @@ from mlx_qwen3asr.prompt import (
     prompt_suffix_ids,
     read_context_file,
 )
-from mlx_qwen3asr.scheduler import encode_segments
 
 EOS = frozenset({151643, 151645})
 GLOSSARY = "Glossary: Qwen3-ASR, MLX, Metal, Apple silicon, Dr. Anna Müller, 王小明, Kubernetes. "
@@ -142,6 +143,7 @@ def test_context_over_the_limit_is_refused_before_any_audio_is_read(model, tmp_p
 
 def test_cli_refuses_an_over_long_context_file_before_writing(checkpoints, tmp_path, capsys):
     import soundfile as sf
+
     from mlx_qwen3asr.cli.main import main as mlxasr
 
     model = mlx_qwen3asr.load(checkpoints("tiny"))
@@ -169,8 +171,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-import mlx_qwen3asr.prompt
-mlx_qwen3asr.prompt.CONTEXT_READ_SECONDS = 0.5
+import mlx_qwen3asr.text.prompt
+mlx_qwen3asr.text.prompt.CONTEXT_READ_SECONDS = 0.5
 from mlx_qwen3asr.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -15,12 +15,12 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_qwen3asr.cli.convert import main
 
 import mlx_qwen3asr
-from mlx_qwen3asr.convert import ConvertError, convert_checkpoint
-from mlx_qwen3asr.generate import prefill_logits
-from mlx_qwen3asr.model import encoder_batch
+from mlx_qwen3asr.checkpoints.convert import ConvertError, convert_checkpoint
+from mlx_qwen3asr.cli.convert import main
+from mlx_qwen3asr.model.generate import prefill_logits
+from mlx_qwen3asr.model.modules import encoder_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVS = ("conv2d1", "conv2d2", "conv2d3")

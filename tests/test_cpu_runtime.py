@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_qwen3asr import _cpu
+from mlx_qwen3asr.runtime import cpu as _cpu
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux-only process setup")
 
@@ -36,7 +36,7 @@ def test_openblas_is_loaded_when_installed():
 def test_malloc_is_tuned_by_the_commands_not_by_an_import_and_can_be_turned_off():
     def tuned(code: str, **env: str) -> str:
         run = subprocess.run(
-            [sys.executable, "-c", f"import mlx_qwen3asr._cpu as c\n{code}\nprint(c.malloc_tuned)"],
+            [sys.executable, "-c", f"import mlx_qwen3asr.runtime.cpu as c\n{code}\nprint(c.malloc_tuned)"],
             env=dict(os.environ, **env),
             capture_output=True,
             text=True,
@@ -165,7 +165,7 @@ def test_forwarding_is_on_where_built_and_can_be_turned_off():
     built = _cpu.gemv_forward_library() is not None
     opted_out = _cpu._opted_out("MLX_QWEN3ASR_NO_GEMV_FORWARD")
     assert _cpu.gemv_forward == (built and _cpu.loaded is not None and not opted_out)
-    code = "import mlx_qwen3asr._cpu as c; import mlx_qwen3asr; print(c.loaded is not None, c.gemv_forward)"
+    code = "import mlx_qwen3asr.runtime.cpu as c; import mlx_qwen3asr; print(c.loaded is not None, c.gemv_forward)"
     env = dict(os.environ, MLX_QWEN3ASR_NO_GEMV_FORWARD="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(_cpu.loaded is not None), "False"]

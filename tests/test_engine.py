@@ -9,8 +9,9 @@ import pytest
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate, scheduler
-from mlx_qwen3asr.engine import Engine, JobCancelled
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,18 @@ import subprocess
 import sys
 import threading
 
-import mlx_qwen3asr.cli.main as cli_main
 import pytest
 import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate, scheduler
-from mlx_qwen3asr.engine import Engine
-from mlx_qwen3asr.model import KVCache
-from mlx_qwen3asr.scheduler import InputOptions, Scheduler
+import mlx_qwen3asr.cli.main as cli_main
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model.modules import KVCache
+from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.engine import Engine
+from mlx_qwen3asr.pipeline.inputs import InputOptions
+from mlx_qwen3asr.pipeline.scheduler import Scheduler
 
 LIMIT = 120  # seconds any one run may take here (a few on a 2-core CPU)
 SECONDS = {"a": 6.0, "b": 2.5, "c": 4.0}  # one segment each, of different lengths

@@ -14,13 +14,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_qwen3asr.cli.main import main as mlxasr
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr.config import ModelConfig
-from mlx_qwen3asr.convert import make_recipe, plan_conversion, source_of
-from mlx_qwen3asr.loading import checkpoint_from
+from mlx_qwen3asr.checkpoints.convert import make_recipe, plan_conversion, source_of
+from mlx_qwen3asr.checkpoints.loading import checkpoint_from
+from mlx_qwen3asr.cli.main import main as mlxasr
+from mlx_qwen3asr.model.config import ModelConfig
 from tools.layout_table import build, evaluate
 from tools.make_checkpoint import (
     DEFAULT_METADATA_DIR,
@@ -275,8 +275,8 @@ def test_not_a_qwen3_asr_checkpoint_is_named(tmp_path):
 
 
 def test_aligner_in_both_layouts_gives_the_same_logits(checkpoints):
-    from mlx_qwen3asr.generate import prefill_logits
-    from mlx_qwen3asr.model import encoder_batch
+    from mlx_qwen3asr.model.generate import prefill_logits
+    from mlx_qwen3asr.model.modules import encoder_batch
 
     logits = []
     for layout in ("release", "hf"):

@@ -16,11 +16,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 import mlx_qwen3asr
-from mlx_qwen3asr import loading
-from mlx_qwen3asr.convert import convert_checkpoint
-from mlx_qwen3asr.generate import prefill_logits
-from mlx_qwen3asr.loading import ModelLoadError, resolve_model_path
-from mlx_qwen3asr.model import Qwen3ASR, encoder_batch
+from mlx_qwen3asr.checkpoints import loading
+from mlx_qwen3asr.checkpoints.convert import convert_checkpoint
+from mlx_qwen3asr.checkpoints.loading import ModelLoadError, resolve_model_path
+from mlx_qwen3asr.model.generate import prefill_logits
+from mlx_qwen3asr.model.modules import Qwen3ASR, encoder_batch
 
 CONVS = ("conv2d1", "conv2d2", "conv2d3")
 QUANT = {"group_size": 64, "bits": 4, "mode": "affine"}

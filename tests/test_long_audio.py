@@ -13,10 +13,10 @@ import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import decode
-from mlx_qwen3asr.decode import ArraySignal, FileSignal, read_audio
-from mlx_qwen3asr.segment import segment_audio, split_on_silence
-from mlx_qwen3asr.subtitles import frame_energy_db
+from mlx_qwen3asr.audio import files as decode
+from mlx_qwen3asr.audio.cutting import segment_audio, split_on_silence
+from mlx_qwen3asr.audio.files import ArraySignal, FileSignal, read_audio
+from mlx_qwen3asr.outputs.cues import frame_energy_db
 
 
 def stereo_file(path, seconds: float, rate: int = 44100, gain: float = 1.0) -> None:

@@ -1,4 +1,4 @@
-"""The CPU fast paths of mlx_qwen3asr.ops against float64 references and MLX's own kernels."""
+"""The CPU fast paths of mlx_qwen3asr.model.ops against float64 references and MLX's own kernels."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlx_qwen3asr import ops
+from mlx_qwen3asr.model import ops
 
 
 def grid() -> np.ndarray:

@@ -15,10 +15,10 @@ import pytest
 from reference import OfficialReference, cosine, max_abs, test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr.audio import log_mel_spectrogram
-from mlx_qwen3asr.generate import greedy_generate
-from mlx_qwen3asr.model import encoder_batch
-from mlx_qwen3asr.prompt import build_prompt_ids
+from mlx_qwen3asr.audio.features import log_mel_spectrogram
+from mlx_qwen3asr.model.generate import greedy_generate
+from mlx_qwen3asr.model.modules import encoder_batch
+from mlx_qwen3asr.text.prompt import build_prompt_ids
 
 PRESETS = ["tiny", "0.6b"]
 SECONDS = [1.0, 7.9, 8.1, 20.0, 65.0]
@@ -114,7 +114,7 @@ HALF_MIN_COSINE = {"encoder": 0.995, "prefill logits": 0.99}
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_on_the_gpu_path_follows_official(checkpoints, measurements, dtype):
-    from mlx_qwen3asr.backend import use_path
+    from mlx_qwen3asr.runtime.backend import use_path
 
     ref, _ = pair(checkpoints, "tiny")
     run = reference_run(checkpoints, "tiny", 7.9)

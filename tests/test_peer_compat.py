@@ -97,7 +97,7 @@ def test_mixed_recipe_is_read_by_moona3k_not_mlx_audio(made):
 
 @pytest.mark.parametrize("peer", ["mlx-audio", "moona3k"])
 def test_peers_read_our_aligner_conversion(made, tmp_path, peer):
-    from mlx_qwen3asr.convert import convert_checkpoint
+    from mlx_qwen3asr.checkpoints.convert import convert_checkpoint
 
     paths, audio = made
     ours = convert_checkpoint(paths["aligner-tiny release"], tmp_path / "aligner-8bit", bits=8).path

@@ -12,7 +12,13 @@ import pytest
 from language_samples import LANGUAGE_SAMPLES
 from official import official_module
 
-from mlx_qwen3asr.prompt import (
+from mlx_qwen3asr.checkpoints.tokenizer import (
+    MISTRAL_FIX_SPLIT_PATTERN,
+    QWEN2_SPLIT_PATTERN,
+    Tokenizer,
+    official_loader_patches_regex,
+)
+from mlx_qwen3asr.text.prompt import (
     CJK_NO_SPACE_LANGUAGES,
     SUPPORTED_LANGUAGES,
     PromptIds,
@@ -22,12 +28,6 @@ from mlx_qwen3asr.prompt import (
     join_texts,
     parse_output,
     resolve_language,
-)
-from mlx_qwen3asr.tokenizer import (
-    MISTRAL_FIX_SPLIT_PATTERN,
-    QWEN2_SPLIT_PATTERN,
-    Tokenizer,
-    official_loader_patches_regex,
 )
 
 SR = 16000

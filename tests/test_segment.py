@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from official import official_module
 
-from mlx_qwen3asr.segment import Segment, segment_audio, split_on_silence
+from mlx_qwen3asr.audio.cutting import Segment, segment_audio, split_on_silence
 
 SR = 16000
 

@@ -26,12 +26,13 @@ from reference import test_signal
 from scripted import script_batches, spy_batches
 
 import mlx_qwen3asr
-from mlx_qwen3asr import alignment, generate, scheduler
-from mlx_qwen3asr.engine import Engine, JobCancelled
-from mlx_qwen3asr.generate import Generation
-from mlx_qwen3asr.server import create_app, uvicorn_config
-from mlx_qwen3asr.subtitles import build_cues
-from mlx_qwen3asr.writers import render
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model.generate import Generation
+from mlx_qwen3asr.outputs.cues import build_cues
+from mlx_qwen3asr.outputs.render import render
+from mlx_qwen3asr.pipeline import alignment, scheduler
+from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
+from mlx_qwen3asr.serve.app import create_app, uvicorn_config
 
 KEY = "test-key-9f2c"
 MODEL_ID = "qwen3-asr-tiny"

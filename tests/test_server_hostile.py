@@ -24,11 +24,12 @@ from reference import test_signal
 from test_server import read_response
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate, scheduler
-from mlx_qwen3asr import server as server_module
-from mlx_qwen3asr.audio import AudioError
-from mlx_qwen3asr.engine import Engine
-from mlx_qwen3asr.server import ConnectionLimits, create_app, uvicorn_config
+from mlx_qwen3asr.audio.features import AudioError
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.engine import Engine
+from mlx_qwen3asr.serve import app as server_module
+from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
 
 KEY = "hostile-key-51c0"
 BOUNDARY = "b0undaryHostile"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from reference import test_signal
 
-from mlx_qwen3asr.subtitles import (
+from mlx_qwen3asr.outputs.cues import (
     CueOptions,
     build_cues,
     clean_text,

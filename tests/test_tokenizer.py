@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from language_samples import LANGUAGE_SAMPLES
 
-from mlx_qwen3asr.prompt import SUPPORTED_LANGUAGES
-from mlx_qwen3asr.tokenizer import (
+from mlx_qwen3asr.checkpoints.tokenizer import (
     MISTRAL_FIX_SPLIT_PATTERN,
     QWEN2_SPLIT_PATTERN,
     Tokenizer,
     official_loader_patches_regex,
 )
+from mlx_qwen3asr.text.prompt import SUPPORTED_LANGUAGES
 
 PIECES = [
     # CJK

@@ -8,8 +8,9 @@ import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr import generate, scheduler
-from mlx_qwen3asr.generate import ends_in_loop, token_budget
+from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model.generate import ends_in_loop, token_budget
+from mlx_qwen3asr.pipeline import scheduler
 
 
 @pytest.fixture(scope="module")

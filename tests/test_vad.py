@@ -10,13 +10,13 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-from mlx_qwen3asr.cli.main import main
 from scripted import script_batches
 
-from mlx_qwen3asr import vad
-from mlx_qwen3asr.scheduler import NO_SPEECH
-from mlx_qwen3asr.segment import Segment, split_speech
-from mlx_qwen3asr.vad import VadOptions, VadUnavailable, detect_speech, speech_regions
+from mlx_qwen3asr.audio import vad
+from mlx_qwen3asr.audio.cutting import Segment, split_speech
+from mlx_qwen3asr.audio.vad import VadOptions, VadUnavailable, detect_speech, speech_regions
+from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
 from tools.sounds import RATE, espeak, non_speech, speech_between, trimmed
 
 SENTENCES = [
@@ -153,7 +153,7 @@ def test_bad_options_are_refused(bad):
 
 @pytest.fixture
 def said(checkpoints, monkeypatch):
-    from mlx_qwen3asr.tokenizer import Tokenizer
+    from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
     return script_batches(
@@ -278,7 +278,7 @@ def test_the_engine_detects_speech_for_every_job(noise_only, sound, checkpoints,
     """The server's engine: a job of noise alone is an empty transcript with the warning; speech is
     transcribed over its regions only."""
     from mlx_qwen3asr import load
-    from mlx_qwen3asr.engine import Engine
+    from mlx_qwen3asr.pipeline.engine import Engine
 
     engine = Engine(load(checkpoints("tiny")))
     try:

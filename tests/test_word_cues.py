@@ -12,9 +12,9 @@ import pytest
 import srt
 import webvtt
 
-from mlx_qwen3asr.result import Segment, Transcription, Word
-from mlx_qwen3asr.subtitles import Cue, CueOptions, CueWord, build_cues, reading_length, text_width
-from mlx_qwen3asr.writers import render, render_json, render_srt, render_vtt
+from mlx_qwen3asr.outputs.cues import Cue, CueOptions, CueWord, build_cues, reading_length, text_width
+from mlx_qwen3asr.outputs.render import render, render_json, render_srt, render_vtt
+from mlx_qwen3asr.pipeline.result import Segment, Transcription, Word
 
 OPTIONS = CueOptions()
 SENTENCE_END = ".!?。！？…"

@@ -1,4 +1,4 @@
-"""mlx_qwen3asr.words against the official aligner's text processing (qwen_asr.inference.qwen3_forced_aligner).
+"""mlx_qwen3asr.text.words against the official aligner's text processing (qwen_asr.inference.qwen3_forced_aligner).
 
 The item texts must be the official word list for every input, the timestamp repair must give the
 official output for every input, and the Korean dictionary must be found (installed package, cache,
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from official import official_aligner_module
 
-from mlx_qwen3asr import words
-from mlx_qwen3asr.words import Item, display_spans, fix_timestamps, split_items, word_times
+from mlx_qwen3asr.text import words
+from mlx_qwen3asr.text.words import Item, display_spans, fix_timestamps, split_items, word_times
 
 HAVE_NAGISA = importlib.util.find_spec("nagisa") is not None
 HAVE_SOYNLP = importlib.util.find_spec("soynlp") is not None

@@ -13,10 +13,9 @@ import pytest
 import srt
 import webvtt
 
-from mlx_qwen3asr import writers
-from mlx_qwen3asr.subtitles import Cue
-from mlx_qwen3asr.transcribe import Segment, Transcription
-from mlx_qwen3asr.writers import (
+from mlx_qwen3asr.outputs import render as writers
+from mlx_qwen3asr.outputs.cues import Cue
+from mlx_qwen3asr.outputs.render import (
     atomic_write_files,
     atomic_write_text,
     render,
@@ -25,6 +24,7 @@ from mlx_qwen3asr.writers import (
     render_txt,
     render_vtt,
 )
+from mlx_qwen3asr.pipeline.transcribe import Segment, Transcription
 
 CUES = [
     Cue(0.0, 2.5, "Hello <b>world</b> & friends,\nhow are you?"),

@@ -34,11 +34,11 @@ import mlx.core as mx  # noqa: E402
 # isort: on
 import numpy as np  # noqa: E402
 
-from mlx_qwen3asr.alignment import aligner_prompt, timestamp_classes  # noqa: E402
-from mlx_qwen3asr.audio import log_mel_spectrogram  # noqa: E402
-from mlx_qwen3asr.convert import convert_checkpoint  # noqa: E402
-from mlx_qwen3asr.scheduler import encode_segments  # noqa: E402
-from mlx_qwen3asr.words import split_items  # noqa: E402
+from mlx_qwen3asr.audio.features import log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr.checkpoints.convert import convert_checkpoint  # noqa: E402
+from mlx_qwen3asr.pipeline.alignment import aligner_prompt, timestamp_classes  # noqa: E402
+from mlx_qwen3asr.pipeline.encoding import encode_segments  # noqa: E402
+from mlx_qwen3asr.text.words import split_items  # noqa: E402
 from tools.layout_table import clip  # noqa: E402
 from tools.make_checkpoint import write_checkpoint  # noqa: E402
 

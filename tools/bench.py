@@ -46,16 +46,14 @@ mlx_qwen3asr.tune_malloc()  # as the commands do
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 
-from mlx_qwen3asr import (  # noqa: E402
-    _cpu,
-    backend,  # noqa: E402
-    generate,
-    scheduler,
-)
-from mlx_qwen3asr.audio import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
-from mlx_qwen3asr.backend import tuning  # noqa: E402
-from mlx_qwen3asr.generate import greedy_generate_batch  # noqa: E402
-from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr.model import generate  # noqa: E402
+from mlx_qwen3asr.model.generate import greedy_generate_batch  # noqa: E402
+from mlx_qwen3asr.pipeline import inputs, scheduler  # noqa: E402
+from mlx_qwen3asr.runtime import backend  # noqa: E402
+from mlx_qwen3asr.runtime import cpu as _cpu  # noqa: E402
+from mlx_qwen3asr.runtime.backend import tuning  # noqa: E402
+from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
 
 MODES = ("clip", "file", "folder")
 PEERS = ("moona3k", "mlx-audio")
@@ -158,7 +156,7 @@ class Budget:
 
 def instrument(stages: Stages, budget: Budget):
     """Patch the scheduler so every segment decodes exactly its budget, and time the stages."""
-    real_load = scheduler.load_input
+    real_load = inputs.load_input
     real_prepare = scheduler.prepare_input
     real_encode = scheduler.encode_segments
     real_batch = scheduler.DecodeBatch
@@ -225,7 +223,7 @@ def instrument(stages: Stages, budget: Budget):
         stages.add("prefill", time.perf_counter() - start)
         return out
 
-    scheduler.load_input = load_input
+    inputs.load_input = load_input
     scheduler.prefill_prefix = prefill_prefix
     scheduler.prepare_input = prepare_input
     scheduler.encode_segments = encode_segments
@@ -235,7 +233,7 @@ def instrument(stages: Stages, budget: Budget):
     generate.LOOP_CHECK_EVERY = 1 << 30
 
     def restore():
-        scheduler.load_input = real_load
+        inputs.load_input = real_load
         scheduler.prepare_input = real_prepare
         scheduler.encode_segments = real_encode
         scheduler.DecodeBatch = real_batch
@@ -426,8 +424,8 @@ def checkpoint_path(given: str | None, preset: str) -> Path:
 def alignment_bench(args: argparse.Namespace, work: Path) -> dict:
     """Forced alignment of a folder's segments: seconds per audio second, batched and one at a time,
     and moona3k's aligner on the same segments and texts (with --peers)."""
-    from mlx_qwen3asr.alignment import align_segments
-    from mlx_qwen3asr.convert import convert_checkpoint
+    from mlx_qwen3asr.checkpoints.convert import convert_checkpoint
+    from mlx_qwen3asr.pipeline.alignment import align_segments
 
     path = checkpoint_path(args.aligner, "aligner")
     aligner = mlx_qwen3asr.load(str(path), dtype=args.dtype)
@@ -626,7 +624,7 @@ def half_speech(minutes: float, seed: int = 7) -> np.ndarray:
 
 
 def vad_bench(args: argparse.Namespace, model, budget: Budget, folder: Path) -> dict:
-    from mlx_qwen3asr.vad import VadOptions, detect_speech
+    from mlx_qwen3asr.audio.vad import VadOptions, detect_speech
 
     audio = half_speech(args.vad_minutes)
     path = folder / "half-speech.wav"
@@ -734,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         "--paths",
         default=None,
         help="code paths to time, comma-separated: cpu (the CPU backend's kernels), gpu (MLX's fused "
-        "kernels, as on a Mac; mlx_qwen3asr.backend) (default: the device's own path)",
+        "kernels, as on a Mac; mlx_qwen3asr.runtime.backend) (default: the device's own path)",
     )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Fit the approximations behind mlx_qwen3asr/ops.py (GELU, SiLU, softmax's exp) and check the committed ones.
+"""Fit the approximations behind mlx_qwen3asr/model/ops.py (GELU, SiLU, softmax's exp) and check the committed ones.
 
 GELU and SiLU are x * g(x) with a gate g = 1/2 + (an odd function saturating at +-1/2):
     GELU: g(x) = 1/2 + erf(x / sqrt 2) / 2      SiLU: g(x) = 1/2 + tanh(x / 2) / 2
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"EXP2 = {tuple(exp2)!r}")
         return 0
     sys.path.insert(0, str(REPO))
-    from mlx_qwen3asr import ops
+    from mlx_qwen3asr.model import ops
 
     worst = 0.0
     for name, (p, q, bound, _) in fitted.items():

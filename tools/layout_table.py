@@ -38,12 +38,12 @@ import mlx.core as mx  # noqa: E402
 # isort: on
 import numpy as np  # noqa: E402
 
-from mlx_qwen3asr.audio import log_mel_spectrogram  # noqa: E402
-from mlx_qwen3asr.convert import convert_checkpoint  # noqa: E402
-from mlx_qwen3asr.generate import greedy_generate  # noqa: E402
-from mlx_qwen3asr.loading import read_checkpoint  # noqa: E402
-from mlx_qwen3asr.model import encoder_batch  # noqa: E402
-from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
+from mlx_qwen3asr.audio.features import log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr.checkpoints.convert import convert_checkpoint  # noqa: E402
+from mlx_qwen3asr.checkpoints.loading import read_checkpoint  # noqa: E402
+from mlx_qwen3asr.model.generate import greedy_generate  # noqa: E402
+from mlx_qwen3asr.model.modules import encoder_batch  # noqa: E402
+from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
 from tools.make_checkpoint import write_checkpoint  # noqa: E402
 
 ALIGNER_PRESET = {"tiny": "aligner-tiny", "0.6b": "aligner", "1.7b": "aligner"}

@@ -22,10 +22,10 @@ Modes only choose the peer's entry point and batching:
   folder  one call for all files (moona3k transcribe_batch, mlx-audio generate(list));
           neither peer batches across files, so the files still run one after another
 
-The process gets the same CPU setup as ours (mlx_qwen3asr/_cpu.py): OpenBLAS loaded globally before
+The process gets the same CPU setup as ours (mlx_qwen3asr/runtime/cpu.py): OpenBLAS loaded globally before
 mlx is imported (MLX's CPU matmul is only fast with it) and glibc malloc keeping freed blocks for reuse.
 Both are process settings, not model code, so the peers run with them too. Our kernel for products of
-1 to 8 rows (mlx_qwen3asr/_gemv_forward.c) is this project's own code, so the peers
+1 to 8 rows (mlx_qwen3asr/runtime/_gemv_forward.c) is this project's own code, so the peers
 run without it unless --gemv-forward is given.
 """
 
@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_cpu_module():
-    """Import mlx_qwen3asr/_cpu.py by file path so the package __init__ (which imports mlx) does not run."""
-    path = REPO / "mlx_qwen3asr" / "_cpu.py"
+    """Import mlx_qwen3asr/runtime/cpu.py by file path so the package __init__ (which imports mlx) does not run."""
+    path = REPO / "mlx_qwen3asr" / "runtime" / "cpu.py"
     spec = importlib.util.spec_from_file_location("_peers_cpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

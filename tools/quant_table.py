@@ -39,10 +39,10 @@ import mlx_qwen3asr  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 # isort: on
-from mlx_qwen3asr.audio import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
-from mlx_qwen3asr.convert import convert_checkpoint  # noqa: E402
-from mlx_qwen3asr.model import Qwen3ASR, encoder_batch  # noqa: E402
-from mlx_qwen3asr.prompt import build_prompt_ids  # noqa: E402
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
+from mlx_qwen3asr.checkpoints.convert import convert_checkpoint  # noqa: E402
+from mlx_qwen3asr.model.modules import Qwen3ASR, encoder_batch  # noqa: E402
+from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
 
 # name -> (convert keyword arguments, the CLI flags that give them)
 RECIPES: dict[str, tuple[dict, str]] = {

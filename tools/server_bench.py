@@ -82,10 +82,10 @@ def write_files(folder: Path, count: int, seconds: float) -> list[Path]:
 def serve_ours(args: argparse.Namespace) -> int:
     """Run `mlxasr serve` with every segment decoding exactly its budget (EOS and loop stops off)."""
     sys.path.insert(0, str(REPO_ROOT))
-    from mlx_qwen3asr.cli.serve import main
-
     import mlx_qwen3asr  # noqa: F401  (first: it loads OpenBLAS before MLX)
-    from mlx_qwen3asr import generate, scheduler
+    from mlx_qwen3asr.cli.serve import main
+    from mlx_qwen3asr.model import generate
+    from mlx_qwen3asr.pipeline import scheduler
 
     rate = args.tokens_per_second
     scheduler.token_budget = lambda seconds: max(1, round(rate * seconds))

@@ -3,7 +3,7 @@
 On a GPU (Apple silicon's Metal, or CUDA) the model runs on MLX's fused kernels: scaled dot-product
 attention, RMSNorm, RoPE, MLX's own GELU, SiLU and softmax, products as `x @ w.T` (quantized layers
 as nn.QuantizedLinear). On MLX's CPU backend in float32 it runs kernels written for that backend
-(ops.py: rational GELU/SiLU, a polynomial softmax, weight-major products for few rows, attention over
+(model/ops.py: rational GELU/SiLU, a polynomial softmax, weight-major products for few rows, attention over
 a shared prompt start without copying it per row).
 
 The path follows the default device. `use_path("gpu")`, or MLX_QWEN3ASR_PATH=gpu in the environment,

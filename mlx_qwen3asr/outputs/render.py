@@ -17,8 +17,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from .subtitles import Cue, clean_text, format_timestamp, to_milliseconds
-from .transcribe import Transcription
+from mlx_qwen3asr.outputs.cues import Cue, clean_text, format_timestamp, to_milliseconds
+from mlx_qwen3asr.pipeline.transcribe import Transcription
 
 __all__ = [
     "FORMATS",

@@ -1,6 +1,6 @@
 """GELU, SiLU, softmax, attention and projections written to be fast on MLX's CPU backend.
 
-These run on the CPU path only (backend.py); on the GPU path every function here hands over to MLX's
+These run on the CPU path only (runtime/backend.py); on the GPU path every function here hands over to MLX's
 fused kernels (mx.fast.scaled_dot_product_attention, nn.gelu, nn.silu, mx.softmax, `x @ w.T`).
 
 MLX's CPU kernels evaluate erf and exp one element at a time through library calls (about 28 ns per
@@ -27,7 +27,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
-from .backend import cpu_path
+from mlx_qwen3asr.runtime.backend import cpu_path
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def project(weight: mx.array, x: mx.array) -> mx.array:
     OpenBLAS streams them faster for 1 to 3 rows (a 0.6b decode step: 180-230 ms against 250-310);
     from 4 rows on, that orientation's speed varies from process to process, often to twice the
     time, while x @ weight.T holds steady (4 rows 330 ms, 16 rows 440, 32 rows 660). Where the
-    package's kernel for few rows is loaded (_cpu.py), 1 to 8 rows run there in either orientation.
+    package's kernel for few rows is loaded (runtime/cpu.py), 1 to 8 rows run there in either orientation.
     """
     rows = x.size // x.shape[-1]
     if rows <= WEIGHT_MAJOR_ROWS and cpu_path():

@@ -1,6 +1,6 @@
 """Find a checkpoint, read its config and weights, and build the model strictly.
 
-Layouts read (see layouts.py): the original release (`thinker.*` names, bf16, one file or shards with
+Layouts read (see checkpoints/layouts.py): the original release (`thinker.*` names, bf16, one file or shards with
 an index), the transformers-native `-hf` repositories (top-level config, `model.language_model.*`,
 `model.audio_tower.*`, `model.multi_modal_projector.*`, `score.*`), and MLX conversions (prefix
 stripped, OHWI convolutions, optional `quantization` block), of Qwen3-ASR and Qwen3-ForcedAligner.
@@ -19,12 +19,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import hub
-from .backend import tuning
-from .config import ConfigError, ModelConfig
-from .layouts import LayoutError, check_model_type, normalize
-from .model import Qwen3ASR
-from .tokenizer import Tokenizer
+from mlx_qwen3asr.checkpoints import hub
+from mlx_qwen3asr.checkpoints.layouts import LayoutError, check_model_type, normalize
+from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
+from mlx_qwen3asr.model.config import ConfigError, ModelConfig
+from mlx_qwen3asr.model.modules import Qwen3ASR
+from mlx_qwen3asr.runtime.backend import tuning
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -310,7 +310,7 @@ def build_checked(path: Path) -> tuple[Qwen3ASR, Checkpoint]:
 def load(path_or_repo: str | Path, dtype: str | mx.Dtype | None = None) -> ASRModel:
     """Load a Qwen3-ASR or Qwen3-ForcedAligner checkpoint (local directory or Hugging Face repo id).
 
-    Any published layout loads (see layouts.py); `model.kind` says which model it is, and the
+    Any published layout loads (see checkpoints/layouts.py); `model.kind` says which model it is, and the
     functions that use a model check it (`require_kind`).
 
     dtype: compute dtype of the floating-point weights; float32 on CPU and bfloat16 on a GPU by default.

@@ -6,11 +6,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .loading import ASRModel
-from .prompt import resolve_language
-from .result import Segment, Transcription
-from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, transcribe_stream
-from .vad import VadOptions
+from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput
+from mlx_qwen3asr.pipeline.result import Segment, Transcription
+from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
+from mlx_qwen3asr.text.prompt import resolve_language
 
 
 def _transcribe_all(

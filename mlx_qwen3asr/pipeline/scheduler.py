@@ -18,15 +18,30 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from . import decode
-from .alignment import align_segments, why_not_aligned
-from .audio import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
-from .backend import tuning
-from .decode import ArraySignal, DecodedAudio, Signal, read_audio
-from .generate import DecodeBatch, Prefix, prefill_prefix, token_budget
-from .loading import ASRModel, require_kind
-from .model import encoder_batch
-from .prompt import (
+from mlx_qwen3asr.audio.cutting import Segment as Span
+from mlx_qwen3asr.audio.cutting import padded_length, segment_audio
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
+from mlx_qwen3asr.audio.files import Signal
+from mlx_qwen3asr.audio.vad import VadOptions, vad_options
+from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
+from mlx_qwen3asr.model.generate import DecodeBatch, Prefix, prefill_prefix, token_budget
+from mlx_qwen3asr.pipeline.alignment import align_segments, why_not_aligned
+from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.pipeline.inputs import (
+    DEFAULT_MAX_SEGMENT_SECONDS,
+    HELD_SECONDS,
+    AudioInput,
+    InputOptions,
+    PreparedInput,
+    prepare_input,
+    samples_at_most,
+    samples_in_memory,
+    source_name,
+    speech_span,
+)
+from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
+from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.text.prompt import (
     fix_repetitions_flag,
     join_texts,
     parse_output,
@@ -34,68 +49,13 @@ from .prompt import (
     prompt_suffix_ids,
     resolve_language,
 )
-from .result import Segment, Transcription, main_language
-from .segment import Segment as Span
-from .segment import padded_length, segment_audio, split_on_silence, split_speech
-from .vad import VadOptions, detect_speech, vad_options
 
-# Pieces of about 30 s transcribe more accurately than long ones (the model was tuned on short clips),
-# and a segment is the unit of timing in the output.
-DEFAULT_MAX_SEGMENT_SECONDS = 30.0
-# Encoder work per call, in 100-frame chunks: bounds activation memory however much audio a batch holds.
-ENCODER_CHUNKS_PER_CALL = 256
 # Share of the available memory that the batch's KV cache may take.
 MEMORY_FRACTION = 0.25
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
 ALIGN_GROUP = 8
 # Prompt starts (contexts) whose keys and values are kept for later batches.
 PREFIXES_KEPT = 4
-# Seconds of decoded audio that inputs read ahead and not yet finished may hold in memory (150 MB):
-# decoding ahead stops there, so many files just short of decode.SPILL_SECONDS (kept in memory, not
-# spilled to disk) do not pile up in memory while the model works. One input is always let in.
-HELD_SECONDS = 2400.0
-
-AudioInput = str | os.PathLike | np.ndarray | tuple
-
-
-def load_input(audio: AudioInput) -> tuple[DecodedAudio, str | None]:
-    """A mono 16 kHz float32 waveform from a path, a 16 kHz array or `(array, sample_rate)`."""
-    if isinstance(audio, (str, os.PathLike)):
-        return read_audio(audio), str(audio)
-    if isinstance(audio, tuple) and len(audio) == 2:
-        array, rate = audio
-        samples = prepare_audio(np.asarray(array), int(rate))
-    elif isinstance(audio, (np.ndarray, mx.array)):
-        samples = prepare_audio(np.asarray(audio), SAMPLE_RATE)
-    else:
-        samples = None
-    if samples is not None:
-        return DecodedAudio(ArraySignal(samples), samples.size / SAMPLE_RATE), None
-    raise TypeError(
-        f"unsupported audio input {type(audio).__name__}: give a path, an array, or (array, rate)"
-    )
-
-
-def _source(audio: AudioInput) -> str | None:
-    return str(audio) if isinstance(audio, (str, os.PathLike)) else None
-
-
-def _samples_in_memory(signal: Signal) -> int:
-    """Samples of a decoded input held in memory (a long file's live in a temporary file)."""
-    return len(signal) if isinstance(signal, ArraySignal) else 0
-
-
-def _samples_at_most(audio: AudioInput) -> int:
-    """The most samples an input not decoded yet may hold in memory once it is: a file is spilled to
-    disk past decode.SPILL_SECONDS, an array is kept whole (resampled to 16 kHz)."""
-    if isinstance(audio, (str, os.PathLike)):
-        return int(decode.SPILL_SECONDS * SAMPLE_RATE)
-    array, rate = audio if isinstance(audio, tuple) and len(audio) == 2 else (audio, SAMPLE_RATE)
-    try:
-        size, rate = int(np.size(array)), float(rate)
-    except (TypeError, ValueError):
-        return 0  # refused when it is prepared
-    return int(size * SAMPLE_RATE / rate) + 1 if rate > 0 else 0
 
 
 def available_memory() -> int:
@@ -120,89 +80,6 @@ def kv_bytes_per_position(model: ASRModel) -> int:
     return 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * model.dtype.size
 
 
-def encode_segments(model: ASRModel, mels: Sequence[np.ndarray]) -> list[mx.array]:
-    """Audio features of each segment; segments share encoder calls up to a chunk budget."""
-    cfg = model.config.audio_config
-    features: list[mx.array] = []
-    group: list[np.ndarray] = []
-    chunks = 0
-
-    def flush() -> None:
-        batch = encoder_batch(group, cfg, model.dtype)
-        tower = model.net.audio_tower
-        # The conv stem's activations are the largest of the encoder: evaluated a few chunks at a time
-        # they stay in cache and bounded.
-        stem = []
-        step = tuning().stem_chunks
-        for i in range(0, batch.chunks.shape[0], step):
-            stem.append(tower.embed_chunks(batch.chunks[i : i + step]))
-            mx.eval(stem[-1])
-        out = tower.encode_embedded(mx.concatenate(stem, axis=0), batch)
-        mx.eval(out)
-        offsets = np.cumsum([0, *batch.token_counts])
-        features.extend(out[offsets[i] : offsets[i + 1]] for i in range(len(group)))
-
-    for mel in mels:
-        n = -(-mel.shape[1] // cfg.chunk_frames)
-        if group and chunks + n > ENCODER_CHUNKS_PER_CALL:
-            flush()
-            group, chunks = [], 0
-        group.append(mel)
-        chunks += n
-    if group:
-        flush()
-    return features
-
-
-@dataclass
-class PreparedInput:
-    """An input made ready for the model: its decoded audio and where it is cut into segments.
-
-    The audio of a long file lives in a temporary file (decode.FileSignal); each segment's mel
-    spectrogram is computed from it when the segment's batch comes, so memory does not grow with
-    the length of a file.
-    """
-
-    index: int
-    source: str | None
-    wav: Signal  # the decoded samples (an array for short inputs, a temporary file for long ones)
-    spans: list[Span]
-    skipped: bool = False  # the `skip` predicate held: nothing is sent to the model
-    warnings: list[str] = field(default_factory=list)  # what decoding found wrong with the file
-    header_seconds: float | None = None  # the length its header states, when decoding fell short
-    speech: list[Span] | None = None  # the speech regions found (None: speech detection was off)
-
-
-NO_SPEECH = "no speech found in the audio; nothing was transcribed"
-
-
-def prepare_input(
-    index: int,
-    audio: AudioInput,
-    max_segment_seconds: float,
-    skip: Callable[[Signal], bool] | None = None,
-    vad: VadOptions | None = None,
-) -> PreparedInput:
-    """Decode an input and cut it into segments: at quiet points over the whole audio, or, with speech
-    detection (vad), around the speech regions only."""
-    decoded, source = load_input(audio)
-    signal = decoded.signal
-    skipped = skip is not None and skip(signal)
-    warnings = list(decoded.warnings)
-    speech = None
-    if skipped:
-        spans = []
-    elif vad is not None:
-        speech = detect_speech(signal, vad)
-        spans = split_speech(signal, speech, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
-        if not spans:
-            warnings.append(NO_SPEECH)
-    else:
-        spans = split_on_silence(signal, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
-    header = decoded.header_seconds if decoded.truncated else None
-    return PreparedInput(index, source, signal, spans, skipped, warnings, header, speech)
-
-
 @dataclass
 class InputResult:
     """The outcome for one input: a transcription, or the error that stopped it."""
@@ -213,17 +90,6 @@ class InputResult:
     wav: Signal | None = None  # the decoded samples (read by range for long files)
     error: Exception | None = None
     skipped: bool = False
-
-
-@dataclass(frozen=True)
-class InputOptions:
-    """How one input is transcribed."""
-
-    language: str | None = None  # a canonical name (resolve_language), or None to detect
-    context: str = ""
-    align: bool = False  # time the words (needs the scheduler's aligner)
-    skip: Callable[[Signal], bool] | None = None  # inputs this holds for are not sent to the model
-    vad: VadOptions | None = None  # speech detection: only speech regions are sent to the model
 
 
 @dataclass
@@ -286,11 +152,6 @@ def _assemble(
         header_duration=prepared.header_seconds,
         speech=None if prepared.speech is None else [speech_span(s) for s in prepared.speech],
     )
-
-
-def speech_span(span: Span) -> tuple[float, float]:
-    """A speech region in seconds, to the millisecond."""
-    return (round(span.start_seconds, 3), round(span.end_seconds, 3))
 
 
 class Scheduler:
@@ -356,8 +217,9 @@ class Scheduler:
 
     # -- inputs ----------------------------------------------------------------------------------
 
-    def submit(self, key: Hashable, audio: AudioInput, options: InputOptions = InputOptions()) -> None:
+    def submit(self, key: Hashable, audio: AudioInput, options: InputOptions | None = None) -> None:
         """Queue an input; its result comes out of run_once under this key."""
+        options = options if options is not None else InputOptions()
         self.prefix_ids(options.context)  # an over-long context is refused before any work
         if options.align and self.aligner is None:
             raise ValueError("word timing needs a scheduler built with an aligner")
@@ -439,12 +301,12 @@ class Scheduler:
     def _samples_held(self) -> int:
         """Samples in memory of the inputs prepared or being prepared and not finished (an input being
         prepared counts the most it may hold)."""
-        held = sum(_samples_in_memory(e.prepared.wav) for e in self.pending.values())
+        held = sum(samples_in_memory(e.prepared.wav) for e in self.pending.values())
         for *_, future, most in self.queued:
             if not future.done():
                 held += most
             elif not future.cancelled() and future.exception() is None:
-                held += _samples_in_memory(future.result().wav)
+                held += samples_in_memory(future.result().wav)
         return held
 
     def _prepare_ahead(self) -> None:
@@ -457,7 +319,7 @@ class Scheduler:
             self.waiting and len(self.queued) < ahead and (len(self.pool) < 2 * self.size or not self.queued)
         ):
             key, audio, options = self.waiting[0]
-            most = _samples_at_most(audio)
+            most = samples_at_most(audio)
             held = self._samples_held() if held is None else held
             if held and held + most > self.held_samples:
                 break
@@ -465,7 +327,7 @@ class Scheduler:
             held += most
             args = (key, audio, self.max_segment_seconds, options.skip, options.vad)
             future = self.executor.submit(prepare_input, *args)
-            self.queued.append((key, options, _source(audio), future, most))
+            self.queued.append((key, options, source_name(audio), future, most))
 
     def _admit(self, block: bool) -> list[InputResult]:
         """Move prepared inputs into the pool until it holds two batches (waiting for them if `block`)."""
@@ -756,12 +618,8 @@ def transcribe_stream(
 
 
 __all__ = [
-    "DEFAULT_MAX_SEGMENT_SECONDS",
-    "InputOptions",
     "InputResult",
     "Scheduler",
-    "encode_segments",
     "kv_bytes_per_position",
-    "load_input",
     "transcribe_stream",
 ]

@@ -58,13 +58,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .audio import AUDIO_EXTENSIONS, AudioError
-from .decode import ArraySignal, AudioTooLong, read_audio
-from .engine import Engine, Job, JobCancelled
-from .prompt import join_texts, resolve_language
-from .result import Segment, Transcription
-from .subtitles import build_cues
-from .writers import render
+from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS, AudioError
+from mlx_qwen3asr.audio.files import ArraySignal, AudioTooLong, read_audio
+from mlx_qwen3asr.outputs.cues import build_cues
+from mlx_qwen3asr.outputs.render import render
+from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
+from mlx_qwen3asr.pipeline.result import Segment, Transcription
+from mlx_qwen3asr.text.prompt import join_texts, resolve_language
 
 __all__ = [
     "APIError",
@@ -75,7 +75,7 @@ __all__ = [
     "uvicorn_config",
 ]
 
-log = logging.getLogger("mlx_qwen3asr.server")
+log = logging.getLogger("mlx_qwen3asr.serve.app")
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")

@@ -1,4 +1,4 @@
-"""Samples and the log-mel front end of Qwen3-ASR (files are read by decode.py).
+"""Samples and the log-mel front end of Qwen3-ASR (files are read by files.py).
 
 Mirrors the official pipeline: mix to mono, resample to 16 kHz with soxr "HQ" (librosa's default
 `soxr_hq`), peak-normalise only when the signal exceeds full scale, then compute the 128-bin Whisper

@@ -16,13 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .audio import AUDIO_EXTENSIONS, SAMPLE_RATE
-from .decode import not_regular_reason, probe_seconds
-from .result import Transcription
-from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS
-from .subtitles import Cue, CueOptions, build_cues
-from .vad import VadOptions
-from .writers import (
+from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS, SAMPLE_RATE
+from mlx_qwen3asr.audio.files import not_regular_reason
+from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.outputs.cues import Cue, CueOptions, build_cues
+from mlx_qwen3asr.outputs.render import (
     FORMATS,
     atomic_write_files,
     name_max,
@@ -31,6 +29,8 @@ from .writers import (
     render,
     temp_name,
 )
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
+from mlx_qwen3asr.pipeline.result import Transcription
 
 __all__ = [
     "InputError",
@@ -39,11 +39,9 @@ __all__ = [
     "JobResult",
     "OutputClash",
     "TranscribeOptions",
-    "estimate_duration",
     "existing_outputs",
     "find_inputs",
     "is_audio_name",
-    "is_silent",
     "is_up_to_date",
     "mirror_name",
     "output_problem",
@@ -51,15 +49,10 @@ __all__ = [
     "output_stem",
     "plan_jobs",
     "prepare_output_folder",
-    "probe_duration",
     "remove_stale_temporaries",
     "write_outputs",
 ]
 
-# Peak below which a file is treated as silence (-80 dBFS): nothing to transcribe.
-SILENCE_PEAK = 1e-4
-# Bytes per second assumed for a compressed file whose length cannot be read cheaply (128 kbit/s).
-_ASSUMED_BYTES_PER_SECOND = 16_000
 # The longest path the system takes, with its terminating NUL (PATH_MAX of Linux; macOS takes 1024).
 _PATH_MAX = 1024 if sys.platform == "darwin" else 4096
 
@@ -414,37 +407,6 @@ def is_up_to_date(job: Job) -> bool:
     return bool(outs) and all(
         st is not None and stat.S_ISREG(st.st_mode) and st.st_mtime_ns > source for st in outs
     )
-
-
-def probe_duration(path: str | os.PathLike[str]) -> float | None:
-    """Duration in seconds from the file header, for formats libsndfile reads; None otherwise.
-
-    Only regular files are opened (a FIFO would block), and decoder chatter is held back.
-    """
-    return probe_seconds(path)
-
-
-def estimate_duration(path: str | os.PathLike[str]) -> float:
-    """probe_duration, or a guess from the file size at a typical compressed bit rate; 0 if unreadable."""
-    seconds = probe_duration(path)
-    if seconds is not None:
-        return seconds
-    try:
-        st = os.stat(path)
-    except OSError:
-        return 0.0
-    return st.st_size / _ASSUMED_BYTES_PER_SECOND if stat.S_ISREG(st.st_mode) else 0.0
-
-
-def is_silent(wav) -> bool:
-    """No sample reaches SILENCE_PEAK: digital silence or close to it.
-
-    `wav` is an array or a decoded signal (decode.Signal, read block by block).
-    """
-    if hasattr(wav, "peak"):
-        return len(wav) == 0 or wav.peak() < SILENCE_PEAK
-    # max and min avoid the full-size temporary that abs() would allocate for long files.
-    return wav.size == 0 or max(float(np.max(wav)), -float(np.min(wav))) < SILENCE_PEAK
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from .config import ModelConfig
-from .layouts import PREPROCESSOR_CONFIG
-from .loading import (
+from mlx_qwen3asr.checkpoints.layouts import PREPROCESSOR_CONFIG
+from mlx_qwen3asr.checkpoints.loading import (
     DTYPES,
     Checkpoint,
     ModelLoadError,
@@ -61,7 +60,8 @@ from .loading import (
     read_checkpoint,
     resolve_model_path,
 )
-from .model import Qwen3ASR
+from mlx_qwen3asr.model.config import ModelConfig
+from mlx_qwen3asr.model.modules import Qwen3ASR
 
 QUANT_BITS = (4, 8)
 ENCODER_BITS = (4, 8, 16)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
 
 # Official MIN_ASR_INPUT_SECONDS: shorter inputs are zero-padded to this length.
 MIN_SEGMENT_SECONDS = 0.5

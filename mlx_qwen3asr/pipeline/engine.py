@@ -14,12 +14,13 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from .batch import estimate_duration
-from .loading import ASRModel
-from .prompt import prompt_prefix_ids, resolve_language
-from .result import Segment, Transcription
-from .scheduler import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions, InputResult, Scheduler
-from .vad import VadOptions, vad_options
+from mlx_qwen3asr.audio.files import estimate_duration
+from mlx_qwen3asr.audio.vad import VadOptions, vad_options
+from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions
+from mlx_qwen3asr.pipeline.result import Segment, Transcription
+from mlx_qwen3asr.pipeline.scheduler import InputResult, Scheduler
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids, resolve_language
 
 
 class JobCancelled(Exception):

@@ -12,8 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .config import AudioConfig, ModelConfig, TextConfig, conv_output_length
-from .ops import Linear, attention, attention_with_prefix, gelu, project, silu
+from mlx_qwen3asr.model.config import AudioConfig, ModelConfig, TextConfig, conv_output_length
+from mlx_qwen3asr.model.ops import Linear, attention, attention_with_prefix, gelu, project, silu
 
 # --------------------------------------------------------------------------------------------------
 # Audio encoder

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .audio import SAMPLE_RATE, log_mel_spectrogram
-from .layouts import ALIGNER_LANGUAGES
-from .loading import ASRModel, require_kind
-from .prompt import resolve_language
-from .result import Word
-from .words import display_spans, split_items, word_times
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram
+from mlx_qwen3asr.checkpoints.layouts import ALIGNER_LANGUAGES
+from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
+from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.pipeline.inputs import load_input
+from mlx_qwen3asr.pipeline.result import Word
+from mlx_qwen3asr.text.prompt import resolve_language
+from mlx_qwen3asr.text.words import display_spans, split_items, word_times
 
 TIMESTAMP_TOKEN = "<timestamp>"
 # The official aligner takes at most this much audio per call.
@@ -138,7 +140,6 @@ def align_segments(
 ) -> list[list[Word]]:
     """Words with times for each segment (its mel, text, language and [start, end] in the input),
     all segments aligned in one padded forward pass; times are clamped to the segment's span."""
-    from .scheduler import encode_segments
 
     items = [split_items(text, language) for text, language in zip(texts, languages)]
     features = encode_segments(aligner, list(mels))
@@ -161,7 +162,6 @@ def align_segments(
 def align(aligner: ASRModel, audio, text: str, language: str | None = None) -> list[Word]:
     """Time the words of `text` in `audio` (a path, a 16 kHz array or `(array, sample_rate)`; at most
     180 s). language: a name or code among the aligner's languages (default English)."""
-    from .scheduler import load_input
 
     name = resolve_language(language) or "English"
     decoded, _ = load_input(audio)

@@ -36,7 +36,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from .audio import (
+from mlx_qwen3asr.audio.features import (
     _FFMPEG_EXTENSIONS,
     _SOUNDFILE_EXTENSIONS,
     SAMPLE_RATE,
@@ -44,6 +44,11 @@ from .audio import (
     prepare_audio,
     sample_rate_problem,
 )
+
+# Peak below which a file is treated as silence (-80 dBFS): nothing to transcribe.
+SILENCE_PEAK = 1e-4
+# Bytes per second assumed for a compressed file whose length cannot be read cheaply (128 kbit/s).
+_ASSUMED_BYTES_PER_SECOND = 16_000
 
 # Decoded audio longer than this goes to an unnamed temporary file instead of memory (19 MB a 5 min).
 SPILL_SECONDS = 300.0
@@ -713,7 +718,32 @@ def probe_seconds(path: str | os.PathLike[str]) -> float | None:
     return None
 
 
+def estimate_duration(path: str | os.PathLike[str]) -> float:
+    """probe_seconds, or a guess from the file size at a typical compressed bit rate; 0 if unreadable."""
+    seconds = probe_seconds(path)
+    if seconds is not None:
+        return seconds
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0.0
+    return st.st_size / _ASSUMED_BYTES_PER_SECOND if stat.S_ISREG(st.st_mode) else 0.0
+
+
+def is_silent(wav) -> bool:
+    """No sample reaches SILENCE_PEAK: digital silence or close to it.
+
+    `wav` is an array or a decoded signal (a Signal, read block by block).
+    """
+    if hasattr(wav, "peak"):
+        return len(wav) == 0 or wav.peak() < SILENCE_PEAK
+    # max and min avoid the full-size temporary that abs() would allocate for long files.
+    return wav.size == 0 or max(float(np.max(wav)), -float(np.min(wav))) < SILENCE_PEAK
+
+
 __all__ = [
+    "estimate_duration",
+    "is_silent",
     "ArraySignal",
     "DecodedAudio",
     "FileSignal",

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
-from .segment import Segment
+from mlx_qwen3asr.audio.cutting import Segment
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
 
 # Samples Silero scores at once at 16 kHz (32 ms).
 WINDOW = 512

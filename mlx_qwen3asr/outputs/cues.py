@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
 
 __all__ = [
     "Cue",

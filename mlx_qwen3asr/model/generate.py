@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .backend import tuning
-from .model import KVCache, Qwen3ASR
+from mlx_qwen3asr.model.modules import KVCache, Qwen3ASR
+from mlx_qwen3asr.runtime.backend import tuning
 
 # Audio tokens arrive at 12.5 per second and speech never needs more text tokens than that; the extra
 # covers the `language X<asr_text>` header and very short segments.

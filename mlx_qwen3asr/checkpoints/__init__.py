@@ -1,0 +1,1 @@
+"""Checkpoints: the hub, the tokenizer, the published layouts, loading and conversion."""

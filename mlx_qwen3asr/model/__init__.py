@@ -1,0 +1,1 @@
+"""The model itself: configuration, MLX modules, the CPU kernels and greedy decoding."""

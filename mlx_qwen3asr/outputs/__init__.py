@@ -1,0 +1,1 @@
+"""Results to files: subtitle cues, rendered documents, crash-safe writing, folder runs."""
