@@ -39,7 +39,7 @@ from mlx_qwen3asr.checkpoints.loading import DTYPES, load, require_kind
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 from mlx_qwen3asr.outputs.cues import CueOptions, format_timestamp
 from mlx_qwen3asr.outputs.folder import (
-    Job,
+    FileJob,
     OutputClash,
     TranscribeOptions,
     existing_outputs,
@@ -651,7 +651,7 @@ def _write_error(e: OSError) -> str:
 class _Plan:
     """What a run does with one input, decided before the model is loaded."""
 
-    job: Job
+    job: FileJob
     keep: list[Path]  # existing outputs, left as they are
     skip: bool = False  # every requested output exists: not transcribed
     stale: bool = False  # skipped although the input changed after some of its outputs
@@ -659,7 +659,7 @@ class _Plan:
     problem: str | None = None  # why its outputs cannot be written: the file fails, untranscribed
 
 
-def _plan(job: Job, overwrite: bool) -> _Plan:
+def _plan(job: FileJob, overwrite: bool) -> _Plan:
     problem = output_problem(job)
     if problem is not None:
         return _Plan(job, [], problem=problem)
@@ -707,8 +707,8 @@ def _dry_run(plans: list[_Plan], input_errors: int, report: Reporter, out: TextI
 
 
 def _prepare_folders(
-    todo: list[Job], report: Reporter, summary: Summary, created: list[Path]
-) -> tuple[list[Job], bool]:
+    todo: list[FileJob], report: Reporter, summary: Summary, created: list[Path]
+) -> tuple[list[FileJob], bool]:
     """Create and probe every folder the files to transcribe will be written to, and clean our stale
     temporary files out of them. Files whose folder cannot be written fail here, before the model is
     loaded. Returns the files left, and whether any folder could be written at all."""
@@ -850,7 +850,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO,
 
 
 def _transcribe_all(
-    todo: list[Job], args: argparse.Namespace, options: TranscribeOptions, report: Reporter, summary: Summary
+    todo: list[FileJob],
+    args: argparse.Namespace,
+    options: TranscribeOptions,
+    report: Reporter,
+    summary: Summary,
 ) -> int:
     report.info(f"loading model {args.model}")
     t0 = time.monotonic()
@@ -950,7 +954,7 @@ def _failure(e: BaseException) -> str:
 
 
 def _finish_one(
-    job: Job,
+    job: FileJob,
     res: InputResult,
     args: argparse.Namespace,
     options: TranscribeOptions,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from official import official_module
 
-from mlx_qwen3asr.audio.cutting import Segment, segment_audio, split_on_silence
+from mlx_qwen3asr.audio.cutting import Span, segment_audio, split_on_silence
 
 SR = 16000
 
@@ -17,7 +17,7 @@ def loud_noise(seconds: float, seed: int = 0) -> np.ndarray:
     return (0.5 * rng.uniform(-1, 1, int(seconds * SR))).astype(np.float32)
 
 
-def assert_tiles(segments: list[Segment], total: int, max_seconds: float) -> None:
+def assert_tiles(segments: list[Span], total: int, max_seconds: float) -> None:
     assert segments[0].start == 0
     assert segments[-1].end == total
     for a, b in zip(segments, segments[1:], strict=False):
@@ -28,7 +28,7 @@ def assert_tiles(segments: list[Segment], total: int, max_seconds: float) -> Non
 
 
 def test_segment_helpers():
-    s = Segment(8000, 40000)
+    s = Span(8000, 40000)
     assert s.start_seconds == 0.5
     assert s.end_seconds == 2.5
     assert s.duration == 2.0
@@ -39,10 +39,10 @@ def test_segment_helpers():
 
 def test_short_audio_is_one_segment():
     x = loud_noise(12.0)
-    assert split_on_silence(x) == [Segment(0, x.size)]
+    assert split_on_silence(x) == [Span(0, x.size)]
     exact = loud_noise(30.0)
-    assert split_on_silence(exact, max_seconds=30.0) == [Segment(0, exact.size)]
-    assert split_on_silence(np.zeros(0, np.float32)) == [Segment(0, 0)]
+    assert split_on_silence(exact, max_seconds=30.0) == [Span(0, exact.size)]
+    assert split_on_silence(np.zeros(0, np.float32)) == [Span(0, 0)]
 
 
 def test_65_seconds_gives_three_segments():
@@ -153,14 +153,14 @@ def test_argument_validation():
 
 def test_segment_audio_pads_short_segments():
     x = loud_noise(10.0, seed=5)
-    short = segment_audio(x, Segment(100, 2100))
+    short = segment_audio(x, Span(100, 2100))
     assert short.shape == (8000,)
     np.testing.assert_array_equal(short[:2000], x[100:2100])
     assert not short[2000:].any()
-    long = segment_audio(x, Segment(0, 20000))
+    long = segment_audio(x, Span(0, 20000))
     np.testing.assert_array_equal(long, x[:20000])
-    exact = segment_audio(x, Segment(5, 8005))
+    exact = segment_audio(x, Span(5, 8005))
     np.testing.assert_array_equal(exact, x[5:8005])
-    assert segment_audio(x, Segment(0, 100), min_seconds=0.0).shape == (100,)
+    assert segment_audio(x, Span(0, 100), min_seconds=0.0).shape == (100,)
     with pytest.raises(ValueError):
-        segment_audio(x, Segment(0, x.size + 1))
+        segment_audio(x, Span(0, x.size + 1))

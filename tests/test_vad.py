@@ -13,7 +13,7 @@ import soundfile as sf
 from scripted import script_batches
 
 from mlx_qwen3asr.audio import vad
-from mlx_qwen3asr.audio.cutting import Segment, split_speech
+from mlx_qwen3asr.audio.cutting import Span, split_speech
 from mlx_qwen3asr.audio.vad import VadOptions, VadUnavailable, detect_speech, speech_regions
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
@@ -123,13 +123,13 @@ def test_regions_from_scores_follow_silero_s_rules():
     probs[100:105] = 0.9  # 0.16 s: shorter than min_speech, dropped
     probs[150:152] = 0.3  # under the threshold: never speech
     opts = VadOptions(pad_seconds=0.0)
-    assert speech_regions(probs, 200 * w, opts) == [Segment(10 * w, 80 * w)]
+    assert speech_regions(probs, 200 * w, opts) == [Span(10 * w, 80 * w)]
     apart = VadOptions(pad_seconds=0.0, min_silence_seconds=0.1)
-    assert speech_regions(probs, 200 * w, apart) == [Segment(10 * w, 44 * w), Segment(50 * w, 80 * w)]
+    assert speech_regions(probs, 200 * w, apart) == [Span(10 * w, 44 * w), Span(50 * w, 80 * w)]
     strict = VadOptions(pad_seconds=0.0, threshold=0.85)
-    assert speech_regions(probs, 200 * w, strict) == [Segment(10 * w, 40 * w), Segment(100 * w, 105 * w)][:1]
+    assert speech_regions(probs, 200 * w, strict) == [Span(10 * w, 40 * w), Span(100 * w, 105 * w)][:1]
     padded = speech_regions(probs, 200 * w, VadOptions(pad_seconds=0.5))
-    assert padded == [Segment(0, 80 * w + 8000)]
+    assert padded == [Span(0, 80 * w + 8000)]
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ MIN_SEGMENT_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
-class Segment:
+class Span:
     """A half-open span [start, end) of sample indices into the original 16 kHz audio."""
 
     start: int
@@ -72,7 +72,7 @@ def split_on_silence(
     search_seconds: float = 5.0,
     window_ms: float = 100.0,
     sample_rate: int = SAMPLE_RATE,
-) -> list[Segment]:
+) -> list[Span]:
     """Split mono audio into contiguous segments of at most max_seconds, cutting at quiet points.
 
     Each cut is searched in [start + max - 2 * search, start + max], with search clipped to max / 3.
@@ -94,13 +94,13 @@ def split_on_silence(
     if max_len < 1:
         raise ValueError(f"max_seconds={max_seconds} is shorter than one sample at {sample_rate} Hz")
     if total <= max_len:
-        return [Segment(0, total)]
+        return [Span(0, total)]
 
     # Keeps the search window inside the current segment and every segment but the last >= max / 3.
     search_len = min(int(search_seconds * sample_rate), max_len // 3)
     win = max(4, int(window_ms / 1000.0 * sample_rate))
 
-    segments: list[Segment] = []
+    segments: list[Span] = []
     start = 0
     while total - start > max_len:
         right = start + max_len
@@ -110,9 +110,9 @@ def split_on_silence(
         else:
             cut = left + _quietest_sample(_read(audio, left, right), win)
         cut = max(cut, start + 1)
-        segments.append(Segment(start, cut))
+        segments.append(Span(start, cut))
         start = cut
-    segments.append(Segment(start, total))
+    segments.append(Span(start, total))
     return segments
 
 
@@ -138,12 +138,12 @@ JOIN_GAP_SECONDS = 1.0
 
 def split_speech(
     audio,
-    regions: list[Segment],
+    regions: list[Span],
     max_seconds: float = 30.0,
     pad_seconds: float = SPEECH_PAD_SECONDS,
     join_seconds: float = JOIN_GAP_SECONDS,
     sample_rate: int = SAMPLE_RATE,
-) -> list[Segment]:
+) -> list[Span]:
     """Pieces of at most max_seconds that cover the speech regions and little else.
 
     Each region is widened by pad_seconds; a region longer than max_seconds is cut at quiet points
@@ -154,16 +154,16 @@ def split_speech(
     total = len(audio)
     max_len = int(max_seconds * sample_rate)
     pad, join = int(pad_seconds * sample_rate), int(join_seconds * sample_rate)
-    widened: list[Segment] = []
+    widened: list[Span] = []
     for region in sorted(regions, key=lambda r: r.start):
         start, end = max(0, region.start - pad), min(total, region.end + pad)
         if end <= start:
             continue
         if widened and start <= widened[-1].end:
-            widened[-1] = Segment(widened[-1].start, max(end, widened[-1].end))
+            widened[-1] = Span(widened[-1].start, max(end, widened[-1].end))
         else:
-            widened.append(Segment(start, end))
-    parts: list[Segment] = []
+            widened.append(Span(start, end))
+    parts: list[Span] = []
     for region in widened:
         if region.num_samples <= max_len:
             parts.append(region)
@@ -171,27 +171,25 @@ def split_speech(
         inner = split_on_silence(
             _Range(audio, region.start, region.end), max_seconds, sample_rate=sample_rate
         )
-        parts.extend(Segment(region.start + s.start, region.start + s.end) for s in inner)
-    pieces: list[Segment] = []
+        parts.extend(Span(region.start + s.start, region.start + s.end) for s in inner)
+    pieces: list[Span] = []
     for part in parts:
         last = pieces[-1] if pieces else None
         if last is not None and part.start - last.end <= join and part.end - last.start <= max_len:
-            pieces[-1] = Segment(last.start, part.end)
+            pieces[-1] = Span(last.start, part.end)
         else:
             pieces.append(part)
     return pieces
 
 
-def padded_length(
-    seg: Segment, min_seconds: float = MIN_SEGMENT_SECONDS, sample_rate: int = SAMPLE_RATE
-) -> int:
+def padded_length(seg: Span, min_seconds: float = MIN_SEGMENT_SECONDS, sample_rate: int = SAMPLE_RATE) -> int:
     """Samples segment_audio returns for seg."""
     return max(seg.num_samples, int(min_seconds * sample_rate))
 
 
 def segment_audio(
     audio,
-    seg: Segment,
+    seg: Span,
     min_seconds: float = MIN_SEGMENT_SECONDS,
     sample_rate: int = SAMPLE_RATE,
 ) -> np.ndarray:

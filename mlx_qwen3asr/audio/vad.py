@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlx_qwen3asr.audio.cutting import Segment
+from mlx_qwen3asr.audio.cutting import Span
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
 
 # Samples Silero scores at once at 16 kHz (32 ms).
@@ -126,7 +126,7 @@ def speech_probabilities(audio) -> np.ndarray:
 
 def speech_regions(
     probs: np.ndarray, total: int, options: VadOptions = VadOptions(), audio=None
-) -> list[Segment]:
+) -> list[Span]:
     """Speech regions, as sample spans of 16 kHz audio, from per-window probabilities; with the audio,
     region ends are trimmed to the sound (trim_ends)."""
     sample_rate = SAMPLE_RATE
@@ -154,17 +154,17 @@ def speech_regions(
     merged = np.stack([runs[starts, 0], runs[ends, 1]], axis=1) * window
     long_enough = merged[:, 1] - merged[:, 0] >= options.min_speech_seconds * sample_rate
     merged = merged[long_enough]
-    found = [Segment(int(a), min(total, int(b))) for a, b in merged]
+    found = [Span(int(a), min(total, int(b))) for a, b in merged]
     if audio is not None:
         found = trim_ends(audio, found)
     pad = int(options.pad_seconds * sample_rate)
-    regions: list[Segment] = []
+    regions: list[Span] = []
     for start, end in ((r.start, r.end) for r in found):
         start, end = max(0, int(start) - pad), min(total, int(end) + pad)
         if regions and start <= regions[-1].end:  # padding closed the gap
-            regions[-1] = Segment(regions[-1].start, max(end, regions[-1].end))
+            regions[-1] = Span(regions[-1].start, max(end, regions[-1].end))
         elif end > start:
-            regions.append(Segment(start, end))
+            regions.append(Span(start, end))
     return regions
 
 
@@ -182,10 +182,10 @@ def _frame_rms(samples: np.ndarray) -> np.ndarray:
     return np.sqrt(np.mean(frames * frames, axis=1))
 
 
-def trim_ends(audio, regions: list[Segment]) -> list[Segment]:
+def trim_ends(audio, regions: list[Span]) -> list[Span]:
     """Regions whose ends are brought back to where the sound falls to the level that follows them."""
     total = len(audio)
-    out: list[Segment] = []
+    out: list[Span] = []
     for i, region in enumerate(regions):
         following = regions[i + 1].start if i + 1 < len(regions) else total
         floor_end = min(following, region.end + int(END_FLOOR_SECONDS * SAMPLE_RATE))
@@ -198,11 +198,11 @@ def trim_ends(audio, regions: list[Segment]) -> list[Segment]:
         if loud.size == 0:  # nothing stands out from what follows: the end cannot be told better
             out.append(region)
             continue
-        out.append(Segment(region.start, max(region.start + 1, look + (int(loud[-1]) + 1) * FRAME)))
+        out.append(Span(region.start, max(region.start + 1, look + (int(loud[-1]) + 1) * FRAME)))
     return out
 
 
-def detect_speech(audio, options: VadOptions = VadOptions()) -> list[Segment]:
+def detect_speech(audio, options: VadOptions = VadOptions()) -> list[Span]:
     """Speech regions of 16 kHz mono audio (an array or a decoded signal), in order, not overlapping."""
     return speech_regions(speech_probabilities(audio), len(audio), options, audio=audio)
 

@@ -35,8 +35,8 @@ from mlx_qwen3asr.pipeline.result import Transcription
 __all__ = [
     "InputError",
     "InputFile",
-    "Job",
-    "JobResult",
+    "FileJob",
+    "FileResult",
     "OutputClash",
     "TranscribeOptions",
     "existing_outputs",
@@ -207,7 +207,7 @@ def output_stem(name: str) -> str:
 
 
 @dataclass
-class Job:
+class FileJob:
     input: InputFile
     outputs: dict[str, Path]  # format -> output path, in FORMATS order
     problem: str | None = None  # why the outputs cannot be written, found while planning
@@ -244,7 +244,7 @@ def plan_jobs(
     inputs: Sequence[InputFile],
     formats: Iterable[str],
     output_dir: str | os.PathLike[str] | None = None,
-) -> list[Job]:
+) -> list[FileJob]:
     """Output paths for each input: beside it, or under output_dir.
 
     Under output_dir, a file named as an argument is written at its top ("talk.m4a" -> "DIR/talk.txt")
@@ -301,11 +301,11 @@ def plan_jobs(
             candidate = f"{stem} ({n})"
         chosen[i] = paths(folder, candidate)
         used.update((_key(p), i) for p in chosen[i])
-    jobs = [Job(inp, dict(zip(fmts, chosen[i]))) for i, inp in enumerate(inputs)]
+    jobs = [FileJob(inp, dict(zip(fmts, chosen[i]))) for i, inp in enumerate(inputs)]
     if out_root is not None:
         # A mirrored folder named like another file's output ("a.txt/" beside "a.wav"): the folder
         # is made for the files below it, and the file whose output it takes fails.
-        needed: dict[str, Job] = {}
+        needed: dict[str, FileJob] = {}
         for job in jobs:
             for path in job.outputs.values():
                 folder = path.parent
@@ -320,7 +320,7 @@ def plan_jobs(
     return jobs
 
 
-def existing_outputs(job: Job) -> list[str]:
+def existing_outputs(job: FileJob) -> list[str]:
     """The formats of job whose output path is taken (by a file, a folder, a link even if broken)."""
     return [fmt for fmt, path in job.outputs.items() if os.path.lexists(path)]
 
@@ -353,7 +353,7 @@ def _taken_problem(path: Path) -> str | None:
     return None if reason is None else f"output {path} {reason}"
 
 
-def output_problem(job: Job) -> str | None:
+def output_problem(job: FileJob) -> str | None:
     """Why job's outputs cannot be written, or None: an output path that another file's outputs need
     as a folder, an output name too long for the file system (checked with the name of the temporary
     file each is written to first), or an output path taken by something that is not a regular file.
@@ -373,7 +373,7 @@ def output_problem(job: Job) -> str | None:
     return None
 
 
-def _stats(job: Job) -> tuple[int, list[os.stat_result | None]] | None:
+def _stats(job: FileJob) -> tuple[int, list[os.stat_result | None]] | None:
     """The input's modification time and each output's stat (None where it cannot be read);
     None when the input itself cannot be read."""
     try:
@@ -389,7 +389,7 @@ def _stats(job: Job) -> tuple[int, list[os.stat_result | None]] | None:
     return source, outs
 
 
-def outputs_older_than_input(job: Job) -> bool:
+def outputs_older_than_input(job: FileJob) -> bool:
     """Whether some existing output was last modified before the input was."""
     found = _stats(job)
     if found is None:
@@ -398,7 +398,7 @@ def outputs_older_than_input(job: Job) -> bool:
     return any(st is not None and st.st_mtime_ns < source for st in outs)
 
 
-def is_up_to_date(job: Job) -> bool:
+def is_up_to_date(job: FileJob) -> bool:
     """Whether every output exists and was modified after the input."""
     found = _stats(job)
     if found is None:
@@ -442,7 +442,7 @@ class TranscribeOptions:
 
 
 @dataclass
-class JobResult:
+class FileResult:
     transcription: Transcription
     cues: list[Cue]
     silent: bool = False
@@ -451,7 +451,7 @@ class JobResult:
 
 
 def write_outputs(
-    job: Job,
+    job: FileJob,
     result: Transcription,
     wav: np.ndarray,
     options: TranscribeOptions,
@@ -459,11 +459,11 @@ def write_outputs(
     model_name: str | None = None,
     silent: bool = False,
     overwrite: bool = True,
-) -> JobResult:
+) -> FileResult:
     """Write a transcribed file's outputs atomically (each complete, or none on failure).
 
     overwrite=False: an output that exists, or appears while the others are written, is never
-    replaced; it is listed in JobResult.kept and only the missing outputs are written.
+    replaced; it is listed in FileResult.kept and only the missing outputs are written.
     Raises OSError when an output cannot be written; no output is left half-written.
     """
     result.source = str(job.path)
@@ -486,7 +486,7 @@ def write_outputs(
     raced = atomic_write_files(documents, replace=overwrite)
     kept = [path for fmt, path in job.outputs.items() if fmt in taken or path in raced]
     written = [path for path in documents if path not in raced]
-    return JobResult(result, cues, silent, written, kept)
+    return FileResult(result, cues, silent, written, kept)
 
 
 def prepare_output_folder(folder: str | os.PathLike[str], created: list[Path] | None = None) -> str | None:

@@ -15,8 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_qwen3asr.audio import files as decode
-from mlx_qwen3asr.audio.cutting import Segment as Span
-from mlx_qwen3asr.audio.cutting import split_on_silence, split_speech
+from mlx_qwen3asr.audio.cutting import Span, split_on_silence, split_speech
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, prepare_audio
 from mlx_qwen3asr.audio.files import ArraySignal, DecodedAudio, Signal, read_audio
 from mlx_qwen3asr.audio.vad import VadOptions, detect_speech

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from mlx_qwen3asr.audio.cutting import Segment as Span
-from mlx_qwen3asr.audio.cutting import padded_length, segment_audio
+from mlx_qwen3asr.audio.cutting import Span, padded_length, segment_audio
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
 from mlx_qwen3asr.audio.files import Signal
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
