@@ -19,8 +19,8 @@ from mlx.utils import tree_flatten
 import mlx_qwen3asr
 from mlx_qwen3asr.checkpoints.convert import ConvertError, convert_checkpoint
 from mlx_qwen3asr.cli.convert import main
+from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import prefill_logits
-from mlx_qwen3asr.model.modules import encoder_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVS = ("conv2d1", "conv2d2", "conv2d3")

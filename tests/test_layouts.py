@@ -18,9 +18,10 @@ from reference import test_signal
 
 import mlx_qwen3asr
 from mlx_qwen3asr.checkpoints.convert import make_recipe, plan_conversion, source_of
+from mlx_qwen3asr.checkpoints.layouts import normalize
 from mlx_qwen3asr.checkpoints.loading import checkpoint_from
 from mlx_qwen3asr.cli.main import main as mlxasr
-from mlx_qwen3asr.model.config import ModelConfig
+from mlx_qwen3asr.model.config import ConfigError, ModelConfig
 from tools.layout_table import build, evaluate
 from tools.make_checkpoint import (
     DEFAULT_METADATA_DIR,
@@ -141,6 +142,18 @@ def test_hf_metadata_is_the_published(checkpoints, preset):
         assert {k: v for k, v in tokenizer.items() if k != "added_tokens"} == {
             k: v for k, v in base.items() if k != "added_tokens"
         }
+
+
+@pytest.mark.parametrize("preset", ["0.6b", "1.7b", "aligner"])
+def test_hf_configs_are_read_through_the_release_layout(preset):
+    """The -hf config's rules (sections at the top level, rope_parameters, the top-level tie flag, the
+    aligner's class count) are applied once, by the layouts; the model config reads the release's layout."""
+    release = read_json(META / PRESETS[preset].release / "config.json")
+    hf = read_json(META / PRESETS[preset].hf / "config.json")
+    _, rewritten, _ = normalize(hf, {})
+    assert ModelConfig.from_dict(rewritten) == ModelConfig.from_dict(release)
+    with pytest.raises(ConfigError, match="no thinker_config"):
+        ModelConfig.from_dict(hf)
 
 
 def test_1_7b_is_sharded_as_released():
@@ -275,8 +288,8 @@ def test_not_a_qwen3_asr_checkpoint_is_named(tmp_path):
 
 
 def test_aligner_in_both_layouts_gives_the_same_logits(checkpoints):
+    from mlx_qwen3asr.model.encoder import encoder_batch
     from mlx_qwen3asr.model.generate import prefill_logits
-    from mlx_qwen3asr.model.modules import encoder_batch
 
     logits = []
     for layout in ("release", "hf"):

@@ -19,8 +19,9 @@ import mlx_qwen3asr
 from mlx_qwen3asr.checkpoints import loading
 from mlx_qwen3asr.checkpoints.convert import convert_checkpoint
 from mlx_qwen3asr.checkpoints.loading import ModelLoadError, resolve_model_path
+from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import prefill_logits
-from mlx_qwen3asr.model.modules import Qwen3ASR, encoder_batch
+from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
 
 CONVS = ("conv2d1", "conv2d2", "conv2d3")
 QUANT = {"group_size": 64, "bits": 4, "mode": "affine"}

@@ -130,6 +130,24 @@ def test_attention_matches_reference_and_mlx(B, H, Hk, L, S, D, mask_kind):
     assert mx.allclose(ours, theirs, atol=2e-5).item()
 
 
+@pytest.mark.parametrize("L, S", [(1, 1), (1, 9), (4, 4), (3, 11)])
+def test_causal_mask_hides_later_keys_and_each_rows_padding(L, S):
+    """The last L of S positions see the keys up to their own; with left padding a real query sees no
+    pad key and a pad query sees only itself (never an all-masked row)."""
+    causal = np.arange(S - L, S)[:, None] >= np.arange(S)[None, :]
+    plain = ops.causal_mask(L, S)
+    assert plain.shape == (1, 1, L, S) and plain.dtype == mx.bool_
+    np.testing.assert_array_equal(np.array(plain)[0, 0], causal)
+    pads = [0, S - 1, S // 2]
+    padded = np.array(ops.causal_mask(L, S, mx.array(pads, dtype=mx.int32)))
+    assert padded.shape == (3, 1, L, S)
+    for row, pad in enumerate(pads):
+        for i, query in enumerate(range(S - L, S)):
+            seen = [key for key in range(S) if padded[row, 0, i, key]]
+            want = [query] if query < pad else [key for key in range(pad, query + 1)]
+            assert seen == want, (row, query)
+
+
 def test_attention_rejects_masks_it_cannot_broadcast():
     q = mx.zeros((1, 2, 3, 4))
     with pytest.raises(ValueError, match="mask"):

@@ -16,8 +16,8 @@ from reference import OfficialReference, cosine, max_abs, test_signal
 
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
+from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import greedy_generate
-from mlx_qwen3asr.model.modules import encoder_batch
 from mlx_qwen3asr.text.prompt import build_prompt_ids
 
 PRESETS = ["tiny", "0.6b"]

@@ -41,8 +41,8 @@ import numpy as np  # noqa: E402
 from mlx_qwen3asr.audio.features import log_mel_spectrogram  # noqa: E402
 from mlx_qwen3asr.checkpoints.convert import convert_checkpoint  # noqa: E402
 from mlx_qwen3asr.checkpoints.loading import read_checkpoint  # noqa: E402
+from mlx_qwen3asr.model.encoder import encoder_batch  # noqa: E402
 from mlx_qwen3asr.model.generate import greedy_generate  # noqa: E402
-from mlx_qwen3asr.model.modules import encoder_batch  # noqa: E402
 from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
 from tools.make_checkpoint import write_checkpoint  # noqa: E402
 

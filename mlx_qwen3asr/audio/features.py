@@ -169,22 +169,6 @@ def mel_frame_count(n_samples: int) -> int:
     return int(n_samples) // HOP_LENGTH
 
 
-def audio_token_count(n_frames: int) -> int:
-    """Audio tokens the encoder emits for n_frames mel frames.
-
-    The encoder runs three stride-2 convolutions over windows of 100 frames (13 tokens each) and over
-    the remainder, as the official `_get_feat_extract_output_lengths`.
-    """
-    if n_frames < 0:
-        raise ValueError(f"n_frames must be >= 0, got {n_frames}")
-    n_frames = int(n_frames)
-    rest = n_frames % 100
-    # Floor division on purpose: for rest == 0 it yields 0 extra tokens, as the official code.
-    length = (rest - 1) // 2 + 1
-    length = ((length - 1) // 2 + 1 - 1) // 2 + 1
-    return length + (n_frames // 100) * 13
-
-
 def log_mel_spectrogram(audio: np.ndarray) -> np.ndarray:
     """Whisper log-mel features of 16 kHz mono audio, shape (128, len(audio) // 160), float32.
 

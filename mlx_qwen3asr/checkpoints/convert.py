@@ -61,7 +61,7 @@ from mlx_qwen3asr.checkpoints.loading import (
     resolve_model_path,
 )
 from mlx_qwen3asr.model.config import ModelConfig
-from mlx_qwen3asr.model.modules import Qwen3ASR
+from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
 
 QUANT_BITS = (4, 8)
 ENCODER_BITS = (4, 8, 16)

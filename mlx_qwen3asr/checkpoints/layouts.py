@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlx_qwen3asr.text.prompt import SUPPORTED_LANGUAGES
+from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
 
 # transformers' Qwen3ASR port -> the module tree; the first matching prefix wins.
 HF_RENAMES = (

@@ -23,7 +23,7 @@ from mlx_qwen3asr.checkpoints import hub
 from mlx_qwen3asr.checkpoints.layouts import LayoutError, check_model_type, normalize
 from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 from mlx_qwen3asr.model.config import ConfigError, ModelConfig
-from mlx_qwen3asr.model.modules import Qwen3ASR
+from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
 from mlx_qwen3asr.runtime.backend import tuning
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}

@@ -1,9 +1,10 @@
 """Model configuration, read from the checkpoint's config.json.
 
 Field names are the checkpoint's own keys, so config.json maps onto the dataclasses without a table.
-Three layouts carry the same fields: the original release nests them under `thinker_config`, the
-transformers-native `-hf` layout puts `audio_config`/`text_config` at the top, and MLX conversions keep
-the original nesting and add a `quantization` block.
+The config read here is in the original release's layout, the fields nested under `thinker_config`;
+MLX conversions keep that nesting and add a `quantization` block. The transformers-native `-hf` layout
+(`audio_config`/`text_config` at the top, renamed fields) is rewritten into it first, by
+checkpoints/layouts.py.
 """
 
 from __future__ import annotations
@@ -154,13 +155,6 @@ class TextConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TextConfig:
-        if not isinstance(values, dict):
-            raise ConfigError("config.json: text_config is not a JSON object")
-        values = dict(values)
-        # Newer transformers moves rope_theta into rope_parameters.
-        rope = values.get("rope_parameters") or {}
-        if "rope_theta" not in values and isinstance(rope, dict) and "rope_theta" in rope:
-            values["rope_theta"] = rope["rope_theta"]
         text = _from_dict(cls, values, "text_config", TEXT_SIZES)
         for name in ("rms_norm_eps", "rope_theta"):
             check_positive(getattr(text, name), f"text_config.{name}")
@@ -198,20 +192,24 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
+        """The model a release-layout config.json describes (an -hf one goes through
+        checkpoints.layouts.normalize first)."""
         thinker = config.get("thinker_config")
-        inner = dict(thinker) if thinker is not None else dict(config)
+        if not isinstance(thinker, dict):
+            raise ConfigError(
+                "config.json has no thinker_config: not in the release's layout (an -hf config is "
+                "rewritten by checkpoints.layouts.normalize)"
+            )
+        inner = dict(thinker)
+        # The aligner's release keeps these at the top level.
         for key in ("timestamp_token_id", "timestamp_segment_time", "support_languages"):
             if key in config and key not in inner:
                 inner[key] = config[key]
         if "audio_config" not in inner or "text_config" not in inner:
             raise ValueError("config.json has no audio_config/text_config: not a Qwen3-ASR checkpoint")
-        text = dict(inner["text_config"])
-        # The tie flag may sit at the top level (the text config's default is True).
-        if "tie_word_embeddings" not in text and "tie_word_embeddings" in config:
-            text["tie_word_embeddings"] = config["tie_word_embeddings"]
         out = cls(
             audio_config=AudioConfig.from_dict(inner["audio_config"]),
-            text_config=TextConfig.from_dict(text),
+            text_config=TextConfig.from_dict(inner["text_config"]),
             model_type=str(inner.get("model_type", config.get("model_type", "qwen3_asr"))),
             quantization=config.get("quantization") or config.get("quantization_config"),
         )
@@ -250,6 +248,12 @@ class ModelConfig:
     @property
     def is_forced_aligner(self) -> bool:
         return "forced_aligner" in self.model_type
+
+    @property
+    def padding_id(self) -> int:
+        """The token that fills the padding of a batch of prompts of different lengths: any token but
+        the audio placeholder (which would take an audio feature); the padding is masked out or unread."""
+        return 0 if self.audio_token_id != 0 else 1
 
     @property
     def kind(self) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from mlx_qwen3asr.model.modules import KVCache, Qwen3ASR
+from mlx_qwen3asr.model.cache import KVCache
+from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
 from mlx_qwen3asr.runtime.backend import tuning
 
 # Audio tokens arrive at 12.5 per second and speech never needs more text tokens than that; the extra
@@ -42,14 +43,31 @@ class Prefix:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
+def prefill_chunks(
+    net: Qwen3ASR, embeds: mx.array, cache: list[KVCache], chunk: int | None = None
+) -> Iterator[tuple[int, int, mx.array]]:
+    """Run (B, L, hidden) input embeddings through the decoder into `cache`, `chunk` positions at a time
+    (default PREFILL_CHUNK): yields (start, stop, hidden states of positions start..stop).
+
+    Chunks bound the attention scores of a long prompt to rows x heads x chunk x keys instead of a
+    square of its length per layer; the cache is evaluated after each chunk but the last, and the
+    masks are the cache's (causal, padding hidden), so the result is that of one pass.
+    """
+    chunk = chunk or PREFILL_CHUNK
+    width = embeds.shape[1]
+    for start in range(0, width, chunk):
+        stop = min(start + chunk, width)
+        yield start, stop, net.model(embeds[:, start:stop], cache=cache)
+        if stop < width:
+            mx.eval([c.state for c in cache])
+
+
 def prefill_prefix(net: Qwen3ASR, ids: Sequence[int]) -> Prefix:
     """The decoder's keys and values for a prompt start, in chunks of PREFILL_CHUNK positions."""
     ids = [int(i) for i in ids]
     cache = net.make_cache()
-    for start in range(0, len(ids), PREFILL_CHUNK):
-        chunk = mx.array([ids[start : start + PREFILL_CHUNK]], dtype=mx.int32)
-        net.model(net.model.embed_tokens(chunk), cache=cache)
-        mx.eval([c.state for c in cache])
+    for _ in prefill_chunks(net, net.model.embed_tokens(mx.array([ids], dtype=mx.int32)), cache):
+        pass
     layers = [(c.keys[..., : c.offset, :], c.values[..., : c.offset, :]) for c in cache]
     mx.eval(layers)
     return Prefix(ids, layers)
@@ -100,19 +118,14 @@ def greedy_generate(
     return batch[0]
 
 
-def _pad_id(net: Qwen3ASR) -> int:
-    """Any token that is not the audio placeholder fills the left padding (masked out everywhere)."""
-    return 0 if net.config.audio_token_id != 0 else 1
-
-
 def _prefill(
     net: Qwen3ASR,
     prompts: Sequence[list[int]],
     audio_features: Sequence[mx.array],
     prefix: Prefix | None = None,
-) -> tuple[list[KVCache], mx.array, list[int]]:
+) -> tuple[list[KVCache], mx.array]:
     """Prompts (after the shared prefix, when given) left-padded to one width through the decoder:
-    its cache, each row's last hidden state, and each row's count of pad tokens.
+    its cache (which holds each row's padding) and each row's last hidden state.
 
     The padding is masked out of attention and every row's positions count from its own first token
     (after the prefix). Long prompts go through in chunks of PREFILL_CHUNK positions.
@@ -120,30 +133,17 @@ def _prefill(
     lengths = [len(p) for p in prompts]
     width = max(lengths)
     pad_counts = [width - length for length in lengths]
-    ids = np.full((len(prompts), width), _pad_id(net), dtype=np.int32)
+    ids = np.full((len(prompts), width), net.config.padding_id, dtype=np.int32)
     for row, prompt in enumerate(prompts):
         ids[row, pad_counts[row] :] = prompt
     features = mx.concatenate([f.reshape(-1, f.shape[-1]) for f in audio_features], axis=0)
     embeds = net.embed(mx.array(ids), features)
-    cache = net.make_cache(None if prefix is None else prefix.layers)
     left_pad = mx.array(pad_counts, dtype=mx.int32) if any(pad_counts) else None
-    hidden = None
-    for start in range(0, width, PREFILL_CHUNK):
-        stop = min(start + PREFILL_CHUNK, width)
-        mask = None
-        if left_pad is not None:
-            # Causal, and no real query sees a pad key; a pad query sees itself (a row of all-masked
-            # scores would be NaN) and nothing it produces reaches a real token.
-            query, key = mx.arange(start, stop)[:, None], mx.arange(stop)[None, :]
-            causal = key <= query
-            real_key = key[None] >= left_pad[:, None, None]
-            mask = (causal[None] & (real_key | (key == query)[None]))[:, None]
-        elif stop - start > 1:
-            mask = "causal"
-        hidden = net.model(embeds[:, start:stop], mask=mask, cache=cache, left_pad=left_pad)
-        if stop < width:
-            mx.eval(hidden, [c.state for c in cache])
-    return cache, hidden[:, -1, :], pad_counts
+    cache = net.make_cache(None if prefix is None else prefix.layers, left_pad)
+    last = None
+    for _, _, hidden in prefill_chunks(net, embeds, cache):
+        last = hidden[:, -1, :]
+    return cache, last
 
 
 def greedy_generate_batch(
@@ -218,8 +218,7 @@ class DecodeBatch:
         if prefix is not None and len(prefix.ids) <= settings.inline_prefix_tokens:
             self.inline, self.prefix = list(prefix.ids), None
         self.rows: list[_Row] = []
-        self.cache: list[KVCache] | None = None
-        self.left_pad: mx.array | None = None  # (rows,) pad positions in front of each row's own ones
+        self.cache: list[KVCache] | None = None  # per layer; each holds the rows' padding (left_pad)
         self.y: mx.array | None = None  # (rows,) each row's next token, possibly still being computed
         self.logits: mx.array | None = None  # (rows, vocab) the distribution y came from (keep_logits)
 
@@ -260,9 +259,9 @@ class DecodeBatch:
         caches, lasts = [], []
         for start in range(0, len(prompts), self.prefill_rows):
             rows = slice(start, start + self.prefill_rows)
-            cache, last, pad_counts = _prefill(self.net, prompts[rows], features[rows], self.prefix)
+            cache, last = _prefill(self.net, prompts[rows], features[rows], self.prefix)
             mx.eval(last, [c.state for c in cache])
-            caches.append((cache, pad_counts))
+            caches.append(cache)
             lasts.append(last)
         new_rows = [
             _Row(keys[i], int(max_new_tokens[i]), [], [] if self.keep_logits else None) for i in chosen
@@ -274,30 +273,22 @@ class DecodeBatch:
         except BaseException:
             # Joining rewrites the running rows' cache layer by layer: part-way through, none of it
             # holds; the batch is left empty (its rows are gone) rather than inconsistent.
-            self.rows, self.cache, self.left_pad, self.y, self.logits = [], None, None, None, None
+            self.rows, self.cache, self.y, self.logits = [], None, None, None
             raise
         return done
 
-    def _join(self, caches, new_rows: list[_Row], y: mx.array, logits: mx.array) -> None:
+    def _join(self, caches: list[list[KVCache]], new_rows: list[_Row], y: mx.array, logits: mx.array) -> None:
         """Stack the running rows' caches and the new ones, every row right-aligned at the widest."""
-        parts = ([(self.cache, None)] if self.cache is not None else []) + caches
-        width = max(c[0].offset for c, _ in parts)
+        parts = ([self.cache] if self.cache is not None else []) + caches
+        width = max(c[0].offset for c in parts)
         remaining = max(r.budget - len(r.tokens) for r in self.rows + new_rows)
-        pads: list[mx.array] = []
-        if self.cache is not None:
-            old = self.left_pad if self.left_pad is not None else mx.zeros((len(self.rows),), mx.int32)
-            pads.append(old + (width - self.cache[0].offset))
-        for cache, pad_counts in caches:
-            pads.append(mx.array(pad_counts, dtype=mx.int32) + (width - cache[0].offset))
         joined = []
         for layer in range(len(self.net.model.layers)):
-            joined.append(KVCache.stack([c[layer] for c, _ in parts], width + remaining))
-            for c, _ in parts:
+            joined.append(KVCache.stack([c[layer] for c in parts], width + remaining))
+            for c in parts:
                 c[layer] = None  # each part's layer is freed once joined
             mx.eval(joined[-1].state)
         self.cache = joined
-        left_pad = mx.concatenate(pads)
-        self.left_pad = left_pad if bool(mx.any(left_pad > 0)) else None
         self.y = y if self.y is None else mx.concatenate([self.y, y])
         if self.keep_logits:
             self.logits = logits if self.logits is None else mx.concatenate([self.logits, logits])
@@ -314,17 +305,8 @@ class DecodeBatch:
         # Keep the next step in flight while this one's tokens are read.
         next_y = next_logits = None
         if any(len(r.tokens) + 1 < r.budget for r in self.rows):
-            key_mask = None
-            if self.left_pad is not None:
-                positions = mx.arange(self.cache[0].offset + 1)
-                key_mask = (positions[None, :] >= self.left_pad[:, None])[:, None, None, :]
             net = self.net
-            hidden = net.model(
-                net.model.embed_tokens(self.y[:, None]),
-                mask=key_mask,
-                cache=self.cache,
-                left_pad=self.left_pad,
-            )
+            hidden = net.model(net.model.embed_tokens(self.y[:, None]), cache=self.cache)
             next_logits = net.logits(hidden[:, -1, :])
             next_y = mx.argmax(next_logits, axis=-1)
             mx.async_eval(next_y)
@@ -348,11 +330,11 @@ class DecodeBatch:
             else:
                 still.append(row)
         if not still:
-            self.rows, self.cache, self.left_pad, self.y, self.logits = [], None, None, None, None
+            self.rows, self.cache, self.y, self.logits = [], None, None, None
             return finished
         if len(still) < len(self.rows):
             keep = mx.array(still, dtype=mx.int32)
-            next_y, self.left_pad = _keep(keep, self.cache, next_y, self.left_pad)
+            next_y = _keep(keep, self.cache, next_y)
             if next_logits is not None and self.keep_logits:
                 next_logits = next_logits[keep]
             self.rows = [self.rows[i] for i in still]
@@ -365,22 +347,20 @@ class DecodeBatch:
         if len(still) == len(self.rows):
             return
         if not still:
-            self.rows, self.cache, self.left_pad, self.y, self.logits = [], None, None, None, None
+            self.rows, self.cache, self.y, self.logits = [], None, None, None
             return
         keep = mx.array(still, dtype=mx.int32)
-        self.y, self.left_pad = _keep(keep, self.cache, self.y, self.left_pad)
+        self.y = _keep(keep, self.cache, self.y)
         if self.logits is not None:
             self.logits = self.logits[keep]
         self.rows = [self.rows[i] for i in still]
 
 
-def _keep(
-    rows: mx.array, cache: list[KVCache], y: mx.array, left_pad: mx.array | None
-) -> tuple[mx.array, mx.array | None]:
-    """Shrink the batch to the listed rows (those still decoding)."""
+def _keep(rows: mx.array, cache: list[KVCache], y: mx.array) -> mx.array:
+    """Shrink the batch to the listed rows (those still decoding); returns their tokens."""
     for layer_cache in cache:
         layer_cache.keep_rows(rows)
-    return y[rows], None if left_pad is None else left_pad[rows]
+    return y[rows]
 
 
 def prefill_logits(net: Qwen3ASR, prompt_ids: list[int], audio_features: mx.array) -> mx.array:

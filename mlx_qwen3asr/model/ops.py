@@ -170,6 +170,32 @@ def softmax(x: mx.array) -> mx.array:
     return _divide(e, e.sum(axis=-1, keepdims=True))
 
 
+def causal_mask(length: int, width: int, left_pad: mx.array | None = None) -> mx.array:
+    """Boolean (B or 1, 1, length, width) mask, True where a query may see a key.
+
+    The queries are the last `length` of `width` positions and each sees the keys up to its own.
+    left_pad: (B,) positions in front of each row's first real one (a left-padded batch). No real query
+    sees a pad key; a pad query sees itself, so that no row of scores is all masked (a softmax of NaN),
+    and nothing it produces reaches a real token.
+    """
+    query = mx.arange(width - length, width)[:, None]
+    key = mx.arange(width)[None, :]
+    causal = key <= query
+    if left_pad is None:
+        return causal[None, None]
+    real_key = key[None] >= left_pad[:, None, None]
+    return (causal[None] & (real_key | (key == query)[None]))[:, None]
+
+
+def _mask_array(mask, length: int, width: int) -> mx.array | None:
+    """An attention mask argument (None, "causal" or a boolean array) as None or a boolean array."""
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unknown mask {mask!r}")
+        return causal_mask(length, width)
+    return mask
+
+
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) -> mx.array:
     """Scaled dot-product attention with grouped key/value heads, as mx.fast.scaled_dot_product_attention.
 
@@ -183,10 +209,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) ->
     rep = H // Hk
     # Query heads that share a key/value head become extra rows of one product.
     scores = (q * scale).reshape(B, Hk, rep * L, D) @ k.swapaxes(-1, -2)
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"unknown mask {mask!r}")
-        mask = (mx.arange(S - L, S)[:, None] >= mx.arange(S)[None, :])[None, None]
+    mask = _mask_array(mask, L, S)
     if mask is not None:
         if mask.ndim != 4 or mask.shape[1] != 1:
             raise ValueError(f"mask must be (B or 1, 1, L or 1, S), got {mask.shape}")
@@ -213,10 +236,7 @@ def attention_with_prefix(
     rows = q.transpose(1, 0, 2, 3).reshape(Hk, B * rep * L, D)
     shared = (rows @ prefix_k[0].swapaxes(-1, -2)).reshape(Hk, B, rep * L, P).transpose(1, 0, 2, 3)
     own = q @ k.swapaxes(-1, -2)
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"unknown mask {mask!r}")
-        mask = (mx.arange(S - L, S)[:, None] >= mx.arange(S)[None, :])[None, None]
+    mask = _mask_array(mask, L, S)
     if mask is not None:
         own = mx.where(mask[:, :, None], own.reshape(B, Hk, rep, L, S), -mx.inf).reshape(B, Hk, rep * L, S)
     weights = softmax(mx.concatenate([shared, own], axis=-1))
@@ -267,6 +287,7 @@ __all__ = [
     "Linear",
     "attention",
     "attention_with_prefix",
+    "causal_mask",
     "gelu",
     "project",
     "silu",
