@@ -18,17 +18,9 @@ from mlx_qwen3asr.checkpoints.tokenizer import (
     Tokenizer,
     official_loader_patches_regex,
 )
-from mlx_qwen3asr.text.prompt import (
-    CJK_NO_SPACE_LANGUAGES,
-    SUPPORTED_LANGUAGES,
-    PromptIds,
-    build_prompt_ids,
-    fix_repetitions,
-    fix_repetitions_flag,
-    join_texts,
-    parse_output,
-    resolve_language,
-)
+from mlx_qwen3asr.text.languages import CJK_NO_SPACE_LANGUAGES, SUPPORTED_LANGUAGES, resolve_language
+from mlx_qwen3asr.text.output import fix_repetitions, fix_repetitions_flag, join_texts, parse_output
+from mlx_qwen3asr.text.prompt import PromptIds, build_prompt_ids
 
 SR = 16000
 

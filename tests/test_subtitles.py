@@ -10,16 +10,9 @@ import numpy as np
 import pytest
 from reference import test_signal
 
-from mlx_qwen3asr.outputs.cues import (
-    CueOptions,
-    build_cues,
-    clean_text,
-    format_timestamp,
-    split_text,
-    text_width,
-    to_milliseconds,
-    wrap_lines,
-)
+from mlx_qwen3asr.outputs.cue_types import format_timestamp, to_milliseconds
+from mlx_qwen3asr.outputs.cues import CueOptions, build_cues
+from mlx_qwen3asr.outputs.wrapping import clean_text, split_text, text_width, wrap_lines
 
 SR = 16000
 

@@ -15,7 +15,7 @@ from mlx_qwen3asr.checkpoints.tokenizer import (
     Tokenizer,
     official_loader_patches_regex,
 )
-from mlx_qwen3asr.text.prompt import SUPPORTED_LANGUAGES
+from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
 
 PIECES = [
     # CJK

@@ -12,8 +12,9 @@ import pytest
 import srt
 import webvtt
 
-from mlx_qwen3asr.outputs.cues import Cue, CueOptions, CueWord, build_cues, reading_length, text_width
+from mlx_qwen3asr.outputs.cues import Cue, CueOptions, CueWord, build_cues
 from mlx_qwen3asr.outputs.render import render, render_json, render_srt, render_vtt
+from mlx_qwen3asr.outputs.wrapping import reading_length, text_width
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, Word
 
 OPTIONS = CueOptions()

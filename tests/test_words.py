@@ -1,8 +1,8 @@
 """mlx_qwen3asr.text.words against the official aligner's text processing (qwen_asr.inference.qwen3_forced_aligner).
 
 The item texts must be the official word list for every input, the timestamp repair must give the
-official output for every input, and the Korean dictionary must be found (installed package, cache,
-or the official wheel from a local stand-in for PyPI) and checked.
+official output for every input, and the Korean dictionary must be found (text.korean_dictionary:
+installed package, cache, or the official wheel from a local stand-in for PyPI) and checked.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ import numpy as np
 import pytest
 from official import official_aligner_module
 
-from mlx_qwen3asr.text import words
+from mlx_qwen3asr.text import korean_dictionary, words
+from mlx_qwen3asr.text.korean_dictionary import (
+    KOREAN_DICT_SHA256,
+    KoreanDictionaryError,
+    installed_korean_dictionary,
+    korean_dictionary_path,
+)
 from mlx_qwen3asr.text.words import Item, display_spans, fix_timestamps, split_items, word_times
 
 HAVE_NAGISA = importlib.util.find_spec("nagisa") is not None
@@ -361,8 +367,8 @@ def official_dictionary_bytes() -> bytes:
 
 
 def test_pinned_checksum_is_the_official_dictionary():
-    assert hashlib.sha256(official_dictionary_bytes()).hexdigest() == words.KOREAN_DICT_SHA256
-    installed = words.installed_korean_dictionary()
+    assert hashlib.sha256(official_dictionary_bytes()).hexdigest() == KOREAN_DICT_SHA256
+    installed = installed_korean_dictionary()
     assert installed is not None and installed.read_bytes() == official_dictionary_bytes()
 
 
@@ -375,7 +381,7 @@ def test_dictionary_found_in_an_installed_package_without_importing_it(tmp_path,
     monkeypatch.delitem(sys.modules, "qwen_asr", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert words.korean_dictionary_path(download=False) == dictionary
+    assert korean_dictionary_path(download=False) == dictionary
     assert "qwen_asr" not in sys.modules
     assert words.read_korean_scores(dictionary) == {"서울": 1.0}
 
@@ -383,31 +389,31 @@ def test_dictionary_found_in_an_installed_package_without_importing_it(tmp_path,
 @pytest.fixture
 def no_installed_package(monkeypatch, tmp_path):
     """No official package to find, and an empty cache folder of our own."""
-    monkeypatch.setattr(words, "OFFICIAL_PACKAGE", "mlx_qwen3asr_test_no_such_package")
+    monkeypatch.setattr(korean_dictionary, "OFFICIAL_PACKAGE", "mlx_qwen3asr_test_no_such_package")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    assert words.installed_korean_dictionary() is None
+    assert installed_korean_dictionary() is None
     return tmp_path / "cache" / "mlx-qwen3asr" / "korean_dict_jieba.dict"
 
 
 def test_dictionary_found_in_the_cache(no_installed_package):
     cached = no_installed_package
-    with pytest.raises(words.KoreanDictionaryError, match="does not exist.*downloading was not allowed"):
-        words.korean_dictionary_path(download=False)
+    with pytest.raises(KoreanDictionaryError, match="does not exist.*downloading was not allowed"):
+        korean_dictionary_path(download=False)
     cached.parent.mkdir(parents=True)
     cached.write_bytes(official_dictionary_bytes())
-    assert words.korean_dictionary_path(download=False) == cached
+    assert korean_dictionary_path(download=False) == cached
 
 
 def test_cached_dictionary_with_a_wrong_checksum_is_not_used(no_installed_package):
     cached = no_installed_package
     cached.parent.mkdir(parents=True)
     cached.write_bytes(official_dictionary_bytes()[:-10] + b"tampered\n")
-    with pytest.raises(words.KoreanDictionaryError, match="wrong sha256"):
-        words.korean_dictionary_path(download=False)
+    with pytest.raises(KoreanDictionaryError, match="wrong sha256"):
+        korean_dictionary_path(download=False)
 
 
 class _Quiet(http.server.ThreadingHTTPServer):
@@ -488,12 +494,12 @@ def test_dictionary_downloaded_from_the_official_wheel(no_installed_package, mon
     cached = no_installed_package
     dictionary = official_dictionary_bytes()
     with FakePyPI(build_wheel(dictionary)) as pypi:
-        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        assert words.korean_dictionary_path() == cached
+        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
+        assert korean_dictionary_path() == cached
         assert cached.read_bytes() == dictionary
         assert pypi.requests == ["/simple/qwen-asr/", "/files/qwen_asr-0.0.6-py3-none-any.whl"]
         assert sorted(p.name for p in cached.parent.iterdir()) == ["korean_dict_jieba.dict"]
-        assert words.korean_dictionary_path() == cached  # now from the cache
+        assert korean_dictionary_path() == cached  # now from the cache
         assert len(pypi.requests) == 2
     if HAVE_SOYNLP:
         assert words.official_split_available("Korean")
@@ -508,30 +514,28 @@ def test_dictionary_downloaded_from_the_official_wheel(no_installed_package, mon
 def test_downloaded_dictionary_with_a_wrong_checksum_is_refused(no_installed_package, monkeypatch):
     cached = no_installed_package
     with FakePyPI(build_wheel(official_dictionary_bytes() + b"extra 1 NNG\n")) as pypi:
-        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        with pytest.raises(
-            words.KoreanDictionaryError, match=f"expected {words.KOREAN_DICT_SHA256}; refused"
-        ):
-            words.korean_dictionary_path()
+        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
+        with pytest.raises(KoreanDictionaryError, match=f"expected {KOREAN_DICT_SHA256}; refused"):
+            korean_dictionary_path()
     assert not cached.exists()
     assert not cached.parent.exists() or not list(cached.parent.iterdir())
 
 
 def test_wheel_that_does_not_match_its_published_digest_is_refused(no_installed_package, monkeypatch):
     with FakePyPI(build_wheel(official_dictionary_bytes()), published_digest="0" * 64) as pypi:
-        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        with pytest.raises(words.KoreanDictionaryError, match="does not match the sha256 PyPI publishes"):
-            words.korean_dictionary_path()
+        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
+        with pytest.raises(KoreanDictionaryError, match="does not match the sha256 PyPI publishes"):
+            korean_dictionary_path()
     assert not no_installed_package.exists()
 
 
 def test_download_gives_up_on_a_server_that_does_not_answer(no_installed_package, monkeypatch):
-    monkeypatch.setattr(words, "DOWNLOAD_TIMEOUT", 0.3)
+    monkeypatch.setattr(korean_dictionary, "DOWNLOAD_TIMEOUT", 0.3)
     with FakePyPI(build_wheel(official_dictionary_bytes()), delay=1.5) as pypi:
-        monkeypatch.setattr(words, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
+        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
         began = time.monotonic()
-        with pytest.raises(words.KoreanDictionaryError, match="timed out"):
-            words.korean_dictionary_path()
+        with pytest.raises(KoreanDictionaryError, match="timed out"):
+            korean_dictionary_path()
         assert time.monotonic() - began < 1.4
     assert not no_installed_package.exists()
 
@@ -540,7 +544,7 @@ def test_korean_falls_back_when_no_dictionary_can_be_had(no_installed_package, m
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setattr(words, "PYPI_INDEX_URL", f"http://127.0.0.1:{port}/simple/qwen-asr/")
+    monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"http://127.0.0.1:{port}/simple/qwen-asr/")
     assert not words.official_split_available("Korean")
     reason = words.split_fallback_reason("Korean")
     assert "split at whitespace" in reason

@@ -13,18 +13,11 @@ import pytest
 import srt
 import webvtt
 
-from mlx_qwen3asr.outputs import render as writers
 from mlx_qwen3asr.outputs.cues import Cue
-from mlx_qwen3asr.outputs.render import (
-    atomic_write_files,
-    atomic_write_text,
-    render,
-    render_json,
-    render_srt,
-    render_txt,
-    render_vtt,
-)
+from mlx_qwen3asr.outputs.render import render, render_json, render_srt, render_txt, render_vtt
 from mlx_qwen3asr.pipeline.transcribe import Segment, Transcription
+from mlx_qwen3asr.runtime import atomic
+from mlx_qwen3asr.runtime.atomic import atomic_write_files, atomic_write_text
 
 CUES = [
     Cue(0.0, 2.5, "Hello <b>world</b> & friends,\nhow are you?"),
@@ -109,7 +102,7 @@ def test_render_dispatches_and_rejects_unknown_formats():
 
 
 def leftovers(folder):
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(writers.TEMP_SUFFIX))
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(atomic.TEMP_SUFFIX))
 
 
 def test_atomic_write_replaces_the_file_with_normal_permissions(tmp_path):
@@ -136,7 +129,7 @@ def test_interrupt_between_files_leaves_whole_files_and_no_temporaries(tmp_path,
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    monkeypatch.setattr(writers.os, "replace", replace)
+    monkeypatch.setattr(atomic.os, "replace", replace)
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     b.write_text("old b\n", encoding="utf-8")
     with pytest.raises(KeyboardInterrupt):
@@ -153,7 +146,7 @@ def test_failure_while_writing_keeps_the_old_file(tmp_path, monkeypatch):
     def fsync(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writers.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
     with pytest.raises(OSError, match="No space"):
         atomic_write_text(target, "new\n")
     assert target.read_text(encoding="utf-8") == "old\n"
@@ -175,7 +168,7 @@ def test_ctrl_c_during_the_renames_is_held_until_the_set_is_complete(tmp_path, m
         signal.raise_signal(signal.SIGINT)  # to this thread: the handler runs before the next line
         real_replace(src, dst)
 
-    monkeypatch.setattr(writers.os, "replace", replace)
+    monkeypatch.setattr(atomic.os, "replace", replace)
     a, b = tmp_path / "a.srt", tmp_path / "b.srt"
     # Python's own Ctrl-C handler, whatever earlier code in this process installed.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -200,13 +193,13 @@ def test_the_temporary_name_fits_wherever_the_final_name_fits(tmp_path, monkeypa
             raise OSError(errno.ENAMETOOLONG, "File name too long", str(path))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(writers.os, "pathconf", lambda path, name: limit)
-    monkeypatch.setattr(writers.os, "open", short_names_open)
+    monkeypatch.setattr(atomic.os, "pathconf", lambda path, name: limit)
+    monkeypatch.setattr(atomic.os, "open", short_names_open)
     for stem in ("x" * 138, "音" * 45 + "x"):  # 143 bytes with ".json": ASCII, and 3-byte characters
         target = tmp_path / f"{stem}.json"
         assert len(os.fsencode(target.name)) <= limit
         atomic_write_text(target, "{}\n")
         assert target.read_text(encoding="utf-8") == "{}\n"
-        name = writers.temp_name(target.name, limit)
-        assert len(os.fsencode(name)) <= limit and writers.TEMP_PATTERN.fullmatch(name)
+        name = atomic.temp_name(target.name, limit)
+        assert len(os.fsencode(name)) <= limit and atomic.TEMP_PATTERN.fullmatch(name)
     assert leftovers(tmp_path) == []

@@ -20,17 +20,16 @@ from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS, SAMPLE_RATE
 from mlx_qwen3asr.audio.files import not_regular_reason
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.outputs.cues import Cue, CueOptions, build_cues
-from mlx_qwen3asr.outputs.render import (
-    FORMATS,
+from mlx_qwen3asr.outputs.render import FORMATS, render
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
+from mlx_qwen3asr.pipeline.result import Transcription
+from mlx_qwen3asr.runtime.atomic import (
     atomic_write_files,
     name_max,
     probe_folder,
     remove_stale_temporaries,
-    render,
     temp_name,
 )
-from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
-from mlx_qwen3asr.pipeline.result import Transcription
 
 __all__ = [
     "InputError",
@@ -327,7 +326,7 @@ def existing_outputs(job: FileJob) -> list[str]:
 
 def _name_problem(path: Path, limit: int) -> str | None:
     """Why a file system taking names of limit bytes cannot take an output's name, or that of the
-    temporary file it is written to first (see writers.temp_name), or None."""
+    temporary file it is written to first (see runtime.atomic.temp_name), or None."""
     size = len(os.fsencode(path.name))
     if size > limit:
         return f"output name {path.name} is too long ({size} bytes; the file system takes {limit})"

@@ -1,67 +1,27 @@
-"""Transcript documents (TXT, SRT, WebVTT, JSON) and crash-safe writing of them."""
+"""Transcript documents: plain text, SubRip, WebVTT and JSON."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
-import re
-import secrets
-import signal
-import stat
-import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, is_dataclass
-from pathlib import Path
 from typing import Any
 
-from mlx_qwen3asr.outputs.cues import Cue, clean_text, format_timestamp, to_milliseconds
+from mlx_qwen3asr.outputs.cue_types import Cue, format_timestamp, to_milliseconds
+from mlx_qwen3asr.outputs.wrapping import clean_text
 from mlx_qwen3asr.pipeline.transcribe import Transcription
 
 __all__ = [
     "FORMATS",
-    "NAME_MAX",
-    "TEMP_PATTERN",
-    "atomic_write_files",
-    "atomic_write_text",
-    "name_max",
-    "probe_folder",
     "render",
     "render_json",
     "render_srt",
     "render_txt",
     "render_vtt",
-    "remove_stale_temporaries",
-    "temp_name",
+    "segment_json",
 ]
 
 FORMATS: tuple[str, ...] = ("txt", "srt", "vtt", "json")
-# Temporary files are named ".<target name>.mlxasr-<pid>-<random>.tmp": the leading dot keeps folder
-# walks and file browsers off them, the rest tells ours apart from anyone else's and names the process
-# that writes them, so that one left by a killed run can be recognised and removed (see
-# remove_stale_temporaries).
-TEMP_SUFFIX = ".tmp"
-TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<token>[0-9a-z]+)\.tmp", re.S)
-# A temporary file lives for the seconds between writing and renaming it; one older than this whose
-# process is gone was left by a run that was killed.
-STALE_SECONDS = 60.0
-# The longest file name in bytes where the file system does not say (NAME_MAX of most file systems).
-NAME_MAX = 255
-# Errors with which os.link says that the file system has no hard links.
-_NO_HARD_LINKS = frozenset(
-    e
-    for e in (
-        errno.EPERM,
-        getattr(errno, "EOPNOTSUPP", None),
-        getattr(errno, "ENOTSUP", None),
-        errno.ENOSYS,
-        errno.EMLINK,
-        errno.EXDEV,
-    )
-    if e is not None
-)
 
 
 def render_txt(result: Transcription) -> str:
@@ -171,13 +131,23 @@ def _ms(seconds: float) -> float | None:
         return None
 
 
-def _segment_dict(segment: Any) -> dict[str, Any]:
-    """A segment's times, text, flags, how its words were timed and the words (times in whole ms)."""
+def segment_json(segment: Any, *, round_times: Callable[[Any], float | None] | None = None) -> dict[str, Any]:
+    """A segment as JSON: start, end, text, language, truncated, repetitive, timing ("aligned" or
+    "estimated") and words (text, start, end); a time that is not a finite number is None.
+
+    round_times: how times are written. None (the JSON output file): the segment's times as they are,
+    its words' in whole milliseconds rounded half up as subtitle times are. A function (the server's
+    verbose_json rounds with Python's round() to 3 places): every time, the segment's and its words',
+    goes through it.
+    """
     d = _as_dict(segment)
     out = {k: d[k] for k in ("start", "end", "text", "language", "truncated", "repetitive")}
+    word_time = _ms if round_times is None else round_times
+    if round_times is not None:
+        out["start"], out["end"] = round_times(out["start"]), round_times(out["end"])
     out["timing"] = d.get("timing", "estimated")
     out["words"] = [
-        {"text": w["text"], "start": _ms(w["start"]), "end": _ms(w["end"])}
+        {"text": w["text"], "start": word_time(w["start"]), "end": word_time(w["end"])}
         for w in (_as_dict(w) if not isinstance(w, Mapping) else w for w in d.get("words") or [])
     ]
     return out
@@ -205,7 +175,7 @@ def render_json(
         # Where speech was found ([start, end] in seconds), when speech detection chose what was
         # transcribed; null when it was off.
         "speech": None if result.speech is None else [list(r) for r in result.speech],
-        "segments": [_segment_dict(s) for s in result.segments],
+        "segments": [segment_json(s) for s in result.segments],
         "cues": [c.to_dict() for c in cues],
         "model": model,
         "options": dict(options or {}),
@@ -234,212 +204,3 @@ def render(
     if fmt == "json":
         return render_json(result, cues, model=model, options=options)
     raise ValueError(f"unknown output format {fmt!r}: use one of {', '.join(FORMATS)}")
-
-
-def _new_file_mode(path: Path) -> int:
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
-
-
-def name_max(folder: str | os.PathLike[str]) -> int:
-    """The longest file name, in bytes, that the file system of folder takes (folder, or the nearest
-    folder above it that exists; NAME_MAX where the system does not say)."""
-    probe = Path(os.path.abspath(folder))
-    while not os.path.isdir(probe) and probe != probe.parent:
-        probe = probe.parent
-    try:
-        limit = os.pathconf(probe, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return NAME_MAX
-    return limit if isinstance(limit, int) and limit > 0 else NAME_MAX
-
-
-def temp_name(target_name: str, limit: int = NAME_MAX) -> str:
-    """A fresh name for one of our temporary files beside a file called target_name, at most limit
-    bytes long: the target's name is shortened to make room for the rest."""
-    tail = f".mlxasr-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
-    room = limit - 1 - len(tail)
-    name = target_name
-    while len(os.fsencode(name)) > room and len(name) > 1:
-        name = name[:-1]
-    return f".{name}{tail}"
-
-
-def _create_temp(folder: Path, target_name: str, mode: int = 0o600) -> tuple[int, Path]:
-    """Create a new temporary file (never an existing one) in folder; returns its descriptor and path."""
-    limit = name_max(folder)
-    for _ in range(100):
-        tmp = folder / temp_name(target_name, limit)
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(folder))
-
-
-def _write_temp(path: Path, text: str) -> Path:
-    """A fully written and synced temporary file beside path; returns its path."""
-    fd, tmp = _create_temp(path.parent, path.name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            # Created 0600; give it the mode a plain open() would.
-            os.fchmod(f.fileno(), _new_file_mode(path))
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
-def probe_folder(folder: str | os.PathLike[str]) -> None:
-    """Check that files can be created in folder: create one of our temporary files and remove it.
-
-    Raises OSError (the folder is missing, read-only, full of inodes, not a folder, ...).
-    """
-    fd, tmp = _create_temp(Path(folder), "write-probe")
-    os.close(fd)
-    os.unlink(tmp)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists but belongs to someone else, or we cannot tell: leave its files alone
-        return True
-    return True
-
-
-def remove_stale_temporaries(
-    folder: str | os.PathLike[str], *, min_age: float = STALE_SECONDS, now: float | None = None
-) -> list[Path]:
-    """Remove our temporary files left in folder by runs that were killed; returns those removed.
-
-    Only regular files named like ours (TEMP_PATTERN), last modified more than min_age seconds ago,
-    whose writing process no longer exists, are removed: a run writing into the same folder right now
-    keeps its files.
-    """
-    now = time.time() if now is None else now
-    removed: list[Path] = []
-    try:
-        with os.scandir(folder) as it:
-            entries = [e for e in it if TEMP_PATTERN.fullmatch(e.name)]
-    except OSError:
-        return removed
-    for entry in entries:
-        match = TEMP_PATTERN.fullmatch(entry.name)
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < min_age or _pid_alive(int(match["pid"])):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
-            removed.append(Path(entry.path))
-    return removed
-
-
-def _sync_dir(folder: Path) -> None:
-    # Makes the renames durable; some platforms cannot open a directory, which is fine to skip.
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block ends, then act on them as the previous handlers would."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    sigs = [signal.SIGINT, signal.SIGTERM]
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for signum in dict.fromkeys(received):
-            handler = previous[signum]
-            if callable(handler):
-                handler(signum, None)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(signum)
-
-
-def _link_new(tmp: Path, path: Path) -> bool:
-    """Give the finished temporary file tmp the name path unless path exists; False if it did.
-
-    A hard link fails if the name is taken, whatever appeared there meanwhile, so nothing is ever
-    replaced. Where the file system has no hard links, a check and a rename come closest.
-    """
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    except OSError as e:
-        if e.errno not in _NO_HARD_LINKS:
-            raise
-        if os.path.lexists(path):
-            return False
-        os.rename(tmp, path)
-        return True
-    with contextlib.suppress(OSError):  # a leftover name is removed by the next run as stale
-        os.unlink(tmp)
-    return True
-
-
-def atomic_write_files(files: Mapping[str | os.PathLike[str], str], *, replace: bool = True) -> list[Path]:
-    """Write several UTF-8 text files so that each is either complete or untouched.
-
-    Every file is first written to a temporary file in its own folder and synced; only then are they
-    renamed to their targets, with Ctrl-C held back so that the set is renamed together. On any
-    error or interrupt the temporary files are removed.
-
-    replace=True: existing targets are replaced (atomically). replace=False: an existing target is
-    never replaced, even one that appears while the files are being written; such targets are left
-    as they are and returned.
-    """
-    pending: list[tuple[Path, Path]] = []
-    kept: list[Path] = []
-    try:
-        for target, text in files.items():
-            path = Path(target)
-            pending.append((_write_temp(path, text), path))
-        with _interrupts_deferred():
-            while pending:
-                tmp, path = pending[0]
-                if replace:
-                    os.replace(tmp, path)
-                elif not _link_new(tmp, path):
-                    kept.append(path)
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                pending.pop(0)
-    finally:
-        for tmp, _ in pending:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-    for folder in {Path(p).parent for p in files}:
-        _sync_dir(folder)
-    return kept
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write a UTF-8 text file atomically: temporary file in the same folder, fsync, rename."""
-    atomic_write_files({path: text})
