@@ -1,26 +1,38 @@
-"""Stand-ins for the scheduler's decoding batch, for tests: one that records what the real one does, and
-one that 'says' given texts (random weights never finish a sentence themselves)."""
+"""Stand-ins for the scheduler's stages, for tests: a decoding batch that records what the real one does,
+one that 'says' given texts (random weights never finish a sentence themselves), parts whose stages a
+test may swap under an Engine that outlives it, and mlxasr run in-process with given parts.
+
+Each is handed to the code under test as `Parts` (mlx_qwen3asr.pipeline.parts), never patched in."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import fields, replace
 
 from mlx_qwen3asr.model.generate import DecodeBatch, Generation
-from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.parts import Parts
+from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
 
 
 class Record:
+    """What a stand-in batch saw; `batch` is its class, `parts()` the Parts that use it."""
+
     def __init__(self) -> None:
         self.adds: list[dict] = []  # per add(): prompts, budgets, the prefix, rows running before
         self.sizes: list[int] = []  # rows decoded together at each step
         self.kv_positions: list[int] = []  # after each join: rows x positions the cache holds room for
+        self.batch: type | None = None
+
+    def parts(self, **changes) -> Parts:
+        return Parts(batch=self.batch, **changes)
 
 
-def spy_batches(monkeypatch) -> Record:
-    """Let the real DecodeBatch run, recording every join and the rows of every step."""
+def spy_batches(base: type = DecodeBatch) -> Record:
+    """Let the real DecodeBatch (or `base`) run, recording every join and the rows of every step."""
     record = Record()
 
-    class Spy(DecodeBatch):
+    class Spy(base):
         def add(self, prompts, audio_features, max_new_tokens, keys):
             record.adds.append(
                 {
@@ -39,12 +51,12 @@ def spy_batches(monkeypatch) -> Record:
             record.sizes.append(len(self))
             return super().step()
 
-    monkeypatch.setattr(scheduler, "DecodeBatch", Spy)
+    record.batch = Spy
     return record
 
 
-def script_batches(monkeypatch, say: Callable[[list[int]], list[int]]) -> Record:
-    """Replace decoding: every row's tokens are say(prompt), all done in one step, ended by EOS."""
+def script_batches(say: Callable[[list[int]], list[int]]) -> Record:
+    """Decoding replaced: every row's tokens are say(prompt), all done in one step, ended by EOS."""
     record = Record()
 
     class Scripted:
@@ -73,5 +85,36 @@ def script_batches(monkeypatch, say: Callable[[list[int]], list[int]]) -> Record
         def drop(self, keys):
             self.pending = [(k, t) for k, t in self.pending if k not in keys]
 
-    monkeypatch.setattr(scheduler, "DecodeBatch", Scripted)
+    record.batch = Scripted
     return record
+
+
+class Swappable:
+    """Stages for an Engine that outlives a test (a module's server): `parts` calls, at each stage, the
+    attribute of the same name here (the real stage unless a test set it, e.g.
+    monkeypatch.setattr(swappable, "budget", ...), undone after the test)."""
+
+    def __init__(self) -> None:
+        real = Parts()
+        for f in fields(Parts):
+            setattr(self, f.name, getattr(real, f.name))
+        self.parts = Parts(**{f.name: self._forward(f.name) for f in fields(Parts)})
+
+    def _forward(self, name: str) -> Callable:
+        def stage(*args, **kwargs):
+            return getattr(self, name)(*args, **kwargs)
+
+        return stage
+
+
+def through_cli(monkeypatch, parts: Parts | None = None, **changes) -> Parts:
+    """mlxasr's main(), run in this process, transcribes with `parts` (default: those an earlier call in
+    the same test gave, or the real ones), with `changes` made to them; returns the Parts it uses."""
+    import mlx_qwen3asr.cli.run as cli_run
+
+    if parts is None:
+        current = cli_run.transcribe_stream
+        parts = current.keywords["parts"] if isinstance(current, functools.partial) else Parts()
+    parts = replace(parts, **changes)
+    monkeypatch.setattr(cli_run, "transcribe_stream", functools.partial(transcribe_stream, parts=parts))
+    return parts

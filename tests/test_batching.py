@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -13,12 +11,13 @@ from reference import test_signal
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.generate import greedy_generate, greedy_generate_batch
-from mlx_qwen3asr.model.modules import KVCache
-from mlx_qwen3asr.pipeline import scheduler
 from mlx_qwen3asr.pipeline.encoding import encode_segments
-from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
-from mlx_qwen3asr.runtime import backend
+from mlx_qwen3asr.pipeline.inputs import InputOptions
+from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position
+from mlx_qwen3asr.pipeline.parts import Parts
+from mlx_qwen3asr.pipeline.scheduler import Scheduler, transcribe_stream
 from mlx_qwen3asr.text.prompt import build_prompt_ids
 
 SECONDS = [3.0, 11.5, 0.7, 7.9, 20.0]  # prompts of very different lengths: heavy left padding
@@ -183,11 +182,11 @@ def test_batch_size_does_not_change_any_text(model, monkeypatch):
     ]
 
 
-def test_segments_of_several_inputs_share_batches(model, monkeypatch):
+def test_segments_of_several_inputs_share_batches(model):
     from scripted import spy_batches
 
-    record = spy_batches(monkeypatch)
-    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4, vad=False)
+    record = spy_batches()
+    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4, vad=False, parts=record.parts())
     # 3 + 1 + 1 + 1 segments: 4 rows at once, the other 2 joining as rows finish.
     assert max(record.sizes) == 4 and record.adds[0]["running"] == 0
     assert sum(len(a["prompts"]) for a in record.adds) == 6
@@ -225,17 +224,32 @@ def test_skip_predicate_keeps_audio_from_the_model(model):
     assert results[0].transcription.segments == [] and results[0].transcription.duration == 2.0
 
 
+def run_all(model, inputs, **kwargs) -> list:
+    """Every input through one Scheduler (built with kwargs) until it is idle; the results in input order."""
+    sched = Scheduler(model, **kwargs)
+    try:
+        for i, audio in enumerate(inputs):
+            sched.submit(i, audio, InputOptions())
+        results = []
+        while not sched.idle:
+            results += sched.run_once()
+    finally:
+        sched.close()
+    return sorted(results, key=lambda r: r.index)
+
+
 def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeypatch):
     """Without batch_size, the batch holds as many rows (longest first) as the KV memory share allows."""
     from scripted import spy_batches
 
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    per_position = scheduler.kv_bytes_per_position(model)
+    per_position = kv_bytes_per_position(model)
 
-    def run(memory: int):
-        record = spy_batches(monkeypatch)
-        monkeypatch.setattr(scheduler, "available_memory", lambda: memory)
-        mlx_qwen3asr.transcribe(model, inputs_for_test(), vad=False)
+    def run(memory: int, max_batch: int | None = None):
+        record = spy_batches()
+        parts = record.parts(memory=lambda: memory)
+        results = run_all(model, inputs_for_test(), max_batch=max_batch, parts=parts)
+        assert all(r.error is None for r in results)
         return record
 
     everything = run(1 << 50)
@@ -245,15 +259,13 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     prefix = len(first["prefix"].ids)  # held once, shared by every row
     # A share of exactly the prefix and two such rows: never more than two rows at a time.
     share = (prefix + 2 * longest) * per_position
-    two = run(int(share / scheduler.MEMORY_FRACTION))
+    two = run(int(share / MEMORY_FRACTION))
     assert len(two.adds[0]["prompts"]) == 2 and sum(len(a["prompts"]) for a in two.adds) == 6
     # Whenever rows join, the cache the batch holds fits the share (shorter segments fit more rows).
     assert all((prefix + kv) * per_position <= share for kv in two.kv_positions)
     assert max(two.sizes) < 6
     assert max(run(0).sizes) == 1  # no room: one row at a time, still done
-    four = dataclasses.replace(backend.tuning(), max_batch=4)
-    monkeypatch.setattr(scheduler, "tuning", lambda: four)
-    assert max(run(1 << 50).sizes) == 4  # plenty of room: Tuning.max_batch rows at most
+    assert max(run(1 << 50, max_batch=4).sizes) == 4  # plenty of room: max_batch rows at most
 
 
 def test_stacked_caches_right_align_rows_and_leave_room():
@@ -346,18 +358,12 @@ def test_continuous_batching_gives_the_texts_of_batch_after_batch(model, monkeyp
     def budget(seconds):  # 0.5 to 6 tokens per second of audio, fixed per segment
         return max(1, round(rates.setdefault(round(seconds, 3), rng.uniform(0.5, 6.0)) * seconds))
 
-    monkeypatch.setattr(scheduler, "token_budget", budget)
     wavs = [test_signal(s, seed=i) for i, s in enumerate([9.0, 2.0, 14.0, 4.0, 6.5, 11.0, 3.0, 8.0])]
 
     def run(continuous):
-        record = spy_batches(monkeypatch)
-        sched = scheduler.Scheduler(model, batch_size=3, continuous=continuous)
-        for i, w in enumerate(wavs):
-            sched.submit(i, w, scheduler.InputOptions())
-        results = []
-        while not sched.idle:
-            results += sched.run_once()
-        sched.close()
+        record = spy_batches()
+        parts = record.parts(budget=budget)
+        results = run_all(model, wavs, batch_size=3, continuous=continuous, parts=parts)
         return {r.index: [s.text for s in r.transcription.segments] for r in results}, record
 
     joined, continuous = run(True)
@@ -376,9 +382,9 @@ def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_
     import weakref
 
     from mlx_qwen3asr.audio import files as decode
+    from mlx_qwen3asr.audio.signal import ArraySignal
 
     monkeypatch.setattr(decode, "SPILL_SECONDS", 2.0)
-    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 3)
     paths = []
     for i in range(10):
         paths.append(tmp_path / f"{i}.wav")
@@ -392,19 +398,19 @@ def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_
         with lock:
             alive[0] += n
 
-    real_prepare = scheduler.prepare_input
+    real_prepare = Parts().prepare
 
-    def prepare_input(*args):
-        prepared = real_prepare(*args)
-        if isinstance(prepared.wav, decode.ArraySignal):
+    def prepare_input(*args, **kwargs):
+        prepared = real_prepare(*args, **kwargs)
+        if isinstance(prepared.wav, ArraySignal):
             count(len(prepared.wav))
             weakref.finalize(prepared.wav, count, -len(prepared.wav))
         return prepared
 
-    monkeypatch.setattr(scheduler, "prepare_input", prepare_input)
+    parts = Parts(prepare=prepare_input, budget=lambda seconds: 3)
 
     def run(held_seconds: float) -> int:
-        sched = scheduler.Scheduler(model, batch_size=4, held_seconds=held_seconds)
+        sched = Scheduler(model, batch_size=4, held_seconds=held_seconds, parts=parts)
         for i, path in enumerate(paths):
             sched.submit(i, str(path))
         done, peak = 0, 0
@@ -420,6 +426,54 @@ def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_
 
     assert run(6.0) <= 6.0 * 16000
     assert run(1.0) == 30400  # a budget short of one input: one at a time, still done
+
+
+def test_every_stage_goes_through_the_parts_given(model, checkpoints):
+    """Each stage of Parts is called through the parts the scheduler is given: one called by its own
+    name instead would escape the stand-ins of tests and the timing of tools/bench.py."""
+    import dataclasses
+    from collections import Counter
+
+    from scripted import script_batches
+
+    aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
+    said = script_batches(lambda prompt: model.tokenizer.encode("language English<asr_text>So it goes."))
+    base = said.parts()
+    calls: Counter[str] = Counter()
+
+    def counted(name, stage):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return stage(*args, **kwargs)
+
+        return call
+
+    names = [f.name for f in dataclasses.fields(Parts)]
+    parts = Parts(**{name: counted(name, getattr(base, name)) for name in names})
+    inputs = [test_signal(3.0, seed=1), test_signal(2.0, seed=2)]
+    stream = transcribe_stream(model, inputs, context="Names: Ada.", aligner=aligner, vad=False, parts=parts)
+    results = list(stream)
+    assert all(r.error is None for r in results) and len(results) == 2
+    assert all(s.timing == "aligned" for r in results for s in r.transcription.segments)
+    assert sorted(calls) == sorted(names)
+
+
+def test_the_benchmark_times_every_stage_and_decodes_the_budget(model, tmp_path):
+    """tools/bench.py hands the scheduler timed stages: each is timed, and every segment decodes exactly
+    its budget (EOS off), so the work is the same whatever random weights say."""
+    from tools.bench import Budget, run_ours
+
+    paths = []
+    for i, seconds in enumerate([3.0, 40.0]):  # one segment, then two
+        paths.append(tmp_path / f"{i}.wav")
+        sf.write(paths[-1], test_signal(seconds, seed=i), 16000)
+    run = run_ours(model, paths, Budget(new_tokens=4), batch_size=None)
+    assert run.segments == 3 and sum(run.batches) == 3
+    assert [len(texts) for texts in run.texts] == [1, 2]
+    assert run.tokens == 3 * 4  # rows decoded at each step: every row its whole budget, whatever it says
+    for stage in ("audio decode", "mel + cutting", "encoder", "prefill", "decode"):
+        assert run.stages[stage] > 0, stage
+    assert generate.LOOP_CHECK_EVERY < 1000  # the loop stop is back on after the run
 
 
 @pytest.mark.parametrize("context", ["", "Qwen, MLX, " * 60], ids=["system-prompt", "long-context"])
@@ -452,7 +506,7 @@ def test_a_shared_prompt_start_decodes_as_the_whole_prompt_on_either_path(
         return wrapper
 
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", count("fused", fused))
-    import mlx_qwen3asr.model.modules as model_module
+    import mlx_qwen3asr.model.decoder as model_module
 
     monkeypatch.setattr(model_module, "attention_with_prefix", count("shared", shared))
     batch = DecodeBatch(model.net, eos, prefix=prefill_prefix(model.net, start))

@@ -18,19 +18,17 @@ import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.generate import greedy_generate_batch, prefill_prefix
-from mlx_qwen3asr.pipeline import scheduler
 from mlx_qwen3asr.pipeline.encoding import encode_segments
-from mlx_qwen3asr.text.prompt import (
+from mlx_qwen3asr.pipeline.parts import Parts
+from mlx_qwen3asr.text.context import (
     MAX_CONTEXT_BYTES,
     MAX_CONTEXT_TOKENS,
     ContextControlTokenError,
     ContextFileError,
     ContextTooLongError,
-    build_prompt_ids,
-    prompt_prefix_ids,
-    prompt_suffix_ids,
     read_context_file,
 )
+from mlx_qwen3asr.text.prompt import build_prompt_ids, prompt_prefix_ids, prompt_suffix_ids
 
 EOS = frozenset({151643, 151645})
 GLOSSARY = "Glossary: Qwen3-ASR, MLX, Metal, Apple silicon, Dr. Anna Müller, 王小明, Kubernetes. "
@@ -99,22 +97,21 @@ def test_chunked_prefill_equals_one_pass(model, monkeypatch):
 
 def test_the_context_is_prefilled_once_per_run(model, monkeypatch):
     calls = []
-    real = scheduler.prefill_prefix
 
     def spy(net, ids):
         calls.append(len(ids))
-        return real(net, ids)
+        return prefill_prefix(net, ids)
 
-    monkeypatch.setattr(scheduler, "prefill_prefix", spy)
+    parts = Parts(prefill=spy)
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
     context = context_of(model, 400)
     inputs = [test_signal(s, seed=i) for i, s in enumerate([3.0, 5.0, 2.0, 4.0, 6.0])]
-    results = mlx_qwen3asr.transcribe(model, inputs, context=context, batch_size=2, vad=False)
+    results = mlx_qwen3asr.transcribe(model, inputs, context=context, batch_size=2, vad=False, parts=parts)
     assert len(results) == 5 and all(r.segments for r in results)
     assert len(calls) == 1 and calls[0] > 400
     # The same texts as each input transcribed on its own, with its own run and prefix.
     for wav, result in zip(inputs[:2], results[:2]):
-        alone = mlx_qwen3asr.transcribe(model, wav, context=context, vad=False)
+        alone = mlx_qwen3asr.transcribe(model, wav, context=context, vad=False, parts=parts)
         assert [s.text for s in alone.segments] == [s.text for s in result.segments]
     assert len(calls) == 3
 
@@ -171,8 +168,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-import mlx_qwen3asr.text.prompt
-mlx_qwen3asr.text.prompt.CONTEXT_READ_SECONDS = 0.5
+import mlx_qwen3asr.text.context
+mlx_qwen3asr.text.context.CONTEXT_READ_SECONDS = 0.5
 from mlx_qwen3asr.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -4,13 +4,14 @@ gives alone; a cancelled job leaves the batch."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from reference import test_signal
 
 import mlx_qwen3asr
 from mlx_qwen3asr.model import generate
-from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.model.generate import DecodeBatch
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
 
 
@@ -28,11 +29,13 @@ def test_concurrent_jobs_share_steps_and_each_gets_its_own_result(model, monkeyp
 
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
     # Segments of different lengths stop at different steps, as real speech does.
-    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 6 + int(3 * seconds))
+    record = spy_batches()
+    parts = record.parts(budget=lambda seconds: 6 + int(3 * seconds))
     wavs = [test_signal(s, seed=i) for i, s in enumerate([2.0, 7.0, 3.5, 12.0, 1.0, 5.0])]
-    alone = [mlx_qwen3asr.transcribe(model, w, vad=False) for w in wavs]
-    record = spy_batches(monkeypatch)
-    engine = Engine(model, batch_size=4, vad=False)
+    alone = [
+        mlx_qwen3asr.transcribe(model, w, vad=False, parts=replace(parts, batch=DecodeBatch)) for w in wavs
+    ]
+    engine = Engine(model, batch_size=4, vad=False, parts=parts)
     try:
         jobs = [None] * len(wavs)
 

@@ -9,22 +9,28 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import pytest
 import soundfile as sf
 from reference import test_signal
+from scripted import through_cli
 
 import mlx_qwen3asr
 import mlx_qwen3asr.cli.main as cli_main
+import mlx_qwen3asr.cli.run as cli_run
 from mlx_qwen3asr.model import generate
-from mlx_qwen3asr.model.modules import KVCache
-from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.pipeline.inputs import InputOptions
+from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.scheduler import Scheduler
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
 LIMIT = 120  # seconds any one run may take here (a few on a 2-core CPU)
 SECONDS = {"a": 6.0, "b": 2.5, "c": 4.0}  # one segment each, of different lengths
+# Rows stop after a fixed number of tokens that depends on the segment's length (a few steps).
+SHORT = Parts(budget=lambda seconds: 2 + int(seconds))
 
 
 class Injected(RuntimeError):
@@ -71,15 +77,14 @@ def wavs(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def short_rows(monkeypatch):
-    """Rows stop after a fixed number of tokens that depends on the segment's length (a few steps)."""
+def no_loop_check(monkeypatch):
+    """Rows run to their budget whatever they decode (the same work with or without a fault)."""
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 2 + int(seconds))
 
 
-def run(model, inputs: dict, *, on_segment=None, **kwargs) -> dict:
+def run(model, inputs: dict, *, on_segment=None, parts: Parts = SHORT, **kwargs) -> dict:
     """Every input through one Scheduler until it is idle; the results by key."""
-    sched = Scheduler(model, on_segment=on_segment, **kwargs)
+    sched = Scheduler(model, on_segment=on_segment, parts=parts, **kwargs)
     for key, (audio, options) in inputs.items():
         sched.submit(key, audio, options)
     results: dict = {}
@@ -103,10 +108,9 @@ def texts(transcription):
 
 @pytest.fixture(scope="module")
 def clean(model, wavs):
-    """What each input gives with no fault (budgets as short_rows sets them)."""
+    """What each input gives with no fault (budgets as SHORT sets them)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    mp.setattr(scheduler, "token_budget", lambda seconds: 2 + int(seconds))
     try:
         results = run(model, {k: (p, InputOptions()) for k, p in wavs.items()}, batch_size=1)
     finally:
@@ -116,77 +120,95 @@ def clean(model, wavs):
 
 
 class Owners:
-    """The input (its file) a segment's task and its mel spectrogram belong to (faults are aimed at one
-    input)."""
+    """The input (its file) that each decoded signal, mel spectrogram, encoder output and batch row
+    belongs to (faults are aimed at one input), recorded by stages wrapped around `base`: `parts`."""
 
-    def __init__(self, monkeypatch):
-        self.of: dict[int, str] = {}
-        real = scheduler._Task.mel.fget
+    def __init__(self, base: Parts = SHORT):
+        self.of: dict = {}
         owners = self
 
-        def mel(task):
-            value = real(task)
-            owners.of[id(task)] = owners.of[id(value)] = task.pending.prepared.source
+        def prepare(*args, **kwargs):
+            prepared = base.prepare(*args, **kwargs)
+            owners.of[id(prepared.wav)] = prepared.source
+            return prepared
+
+        def mel(signal, span):
+            value = base.mel(signal, span)
+            owners.of[id(value)] = owners.of.get(id(signal))
             return value
 
-        monkeypatch.setattr(scheduler._Task, "mel", property(mel))
+        def encode(model, mels):
+            features = base.encode(model, mels)
+            for m, f in zip(mels, features):
+                owners.of[id(f)] = owners.of.get(id(m))
+            return features
+
+        class Batch(base.batch):
+            def add(self, prompts, audio_features, max_new_tokens, keys):
+                for key, f in zip(keys, audio_features):  # a row is keyed by its segment's task
+                    owners.of[key] = owners.of.get(id(f))
+                return super().add(prompts, audio_features, max_new_tokens, keys)
+
+        self.parts = replace(base, prepare=prepare, mel=mel, encode=encode, batch=Batch)
+
+    def source(self, obj) -> str | None:
+        """The file a signal, a mel spectrogram or encoder output came from."""
+        return self.of.get(id(obj))
 
     def any_of(self, objects, source: str) -> bool:
-        return any(self.of.get(id(o)) == source for o in objects)
+        return any(self.source(o) == source for o in objects)
 
     def any_row(self, rows, source: str) -> bool:
-        """Whether a batch row (keyed by the id of its task) is of the input read from `source`."""
+        """Whether a batch row (by its key) is of the input read from `source`."""
         return any(self.of.get(row) == source for row in rows)
 
 
-def inject(stage: str, bad: str, monkeypatch, wavs, model) -> dict:
-    """Make `stage` fail for input `bad`; returns options per input (the prefix fault needs a context)."""
+def inject(stage: str, bad: str, wavs, model, owners: Owners | None = None) -> tuple[dict, Parts]:
+    """Make `stage` fail for input `bad`: options per input (the prefix fault needs a context) and the
+    parts to run with."""
     options = {k: InputOptions() for k in wavs}
-    owners = Owners(monkeypatch)
+    owners = owners or Owners()
+    parts = owners.parts
     if stage == "load":
-        real_read = scheduler.read_audio
 
-        def read_audio(path):
-            if str(path) == wavs[bad]:
+        def load(audio):
+            if str(audio) == wavs[bad]:
                 raise Injected("cannot read")
-            return real_read(path)
+            return parts.load(audio)
 
-        monkeypatch.setattr(scheduler, "read_audio", read_audio)
-    elif stage == "mel":
-        real_mel = scheduler._Task.mel.fget
+        return options, replace(parts, load=load)
+    if stage == "mel":
 
-        def mel(task):
-            if task.pending.prepared.source == wavs[bad]:
+        def mel(signal, span):
+            if owners.source(signal) == wavs[bad]:
                 raise Injected("no mel")
-            return real_mel(task)
+            return parts.mel(signal, span)
 
-        monkeypatch.setattr(scheduler._Task, "mel", property(mel))
-    elif stage == "encoder":
-        real_encode = scheduler.encode_segments
+        return options, replace(parts, mel=mel)
+    if stage == "encoder":
 
         def encode(model, mels):
             if owners.any_of(mels, wavs[bad]):
                 raise Injected("encoder failed")
-            return real_encode(model, mels)
+            return parts.encode(model, mels)
 
-        monkeypatch.setattr(scheduler, "encode_segments", encode)
-    elif stage == "prefix":
+        return options, replace(parts, encode=encode)
+    if stage == "prefix":
         # The bad input has a context of its own, whose prompt start cannot be prefilled.
         options[bad] = InputOptions(context="a context of its own")
-        bad_ids = scheduler.prompt_prefix_ids(model.tokenizer, options[bad].context)
-        real_prefill = scheduler.prefill_prefix
+        bad_ids = prompt_prefix_ids(model.tokenizer, options[bad].context)
 
-        def prefill_prefix(net, ids):
+        def prefill(net, ids):
             if list(ids) == bad_ids:
                 raise Injected("prefix prefill failed")
-            return real_prefill(net, ids)
+            return parts.prefill(net, ids)
 
-        monkeypatch.setattr(scheduler, "prefill_prefix", prefill_prefix)
-    elif stage in ("prefill", "step"):
+        return options, replace(parts, prefill=prefill)
+    if stage in ("prefill", "step"):
 
-        class Faulty(generate.DecodeBatch):
+        class Faulty(parts.batch):
             def add(self, prompts, audio_features, max_new_tokens, keys):
-                if stage == "prefill" and owners.any_row(keys, wavs[bad]):
+                if stage == "prefill" and owners.any_of(audio_features, wavs[bad]):
                     raise Injected("prefill failed")
                 return super().add(prompts, audio_features, max_new_tokens, keys)
 
@@ -195,28 +217,35 @@ def inject(stage: str, bad: str, monkeypatch, wavs, model) -> dict:
                     raise Injected("decoding step failed")
                 return super().step()
 
-        monkeypatch.setattr(scheduler, "DecodeBatch", Faulty)
-    elif stage == "text":
-        real_finished = Scheduler._finished
-
-        def finished(self, task, gen):
-            if task.pending.prepared.source == wavs[bad]:
-                raise Injected("no text")
-            return real_finished(self, task, gen)
-
-        monkeypatch.setattr(Scheduler, "_finished", finished)
-    elif stage == "assemble":
-        real_assemble = scheduler._assemble
+        return options, replace(parts, batch=Faulty)
+    if stage == "assemble":
 
         def assemble(prepared, *args, **kwargs):
             if prepared.source == wavs[bad]:
                 raise Injected("cannot assemble")
-            return real_assemble(prepared, *args, **kwargs)
+            return parts.assemble(prepared, *args, **kwargs)
 
-        monkeypatch.setattr(scheduler, "_assemble", assemble)
-    else:
-        raise AssertionError(stage)
-    return options
+        return options, replace(parts, assemble=assemble)
+    raise AssertionError(stage)
+
+
+def inject_text(bad: str, wavs, monkeypatch) -> None:
+    """Making the text of a row fails for input `bad` (the scheduler's own step, not a part)."""
+    real_finished = Scheduler._finished
+
+    def finished(self, task, gen):
+        if task.pending.prepared.source == wavs[bad]:
+            raise Injected("no text")
+        return real_finished(self, task, gen)
+
+    monkeypatch.setattr(Scheduler, "_finished", finished)
+
+
+def faulty(stage: str, bad: str, wavs, model, monkeypatch) -> tuple[dict, Parts]:
+    if stage == "text":
+        inject_text(bad, wavs, monkeypatch)
+        return {k: InputOptions() for k in wavs}, SHORT
+    return inject(stage, bad, wavs, model)
 
 
 STAGES = ["load", "mel", "encoder", "prefix", "prefill", "step", "text", "assemble", "on_segment"]
@@ -227,16 +256,17 @@ def test_a_fault_at_any_stage_fails_only_its_input(model, wavs, clean, monkeypat
     """One segment per batch: the fault touches the bad input alone, and the run ends."""
     bad = "b"
     if stage == "on_segment":
-        options = {k: InputOptions() for k in wavs}
+        options, parts = {k: InputOptions() for k in wavs}, SHORT
 
         def on_segment(key, seg):
             if key == bad:
                 raise Injected("the callback failed")
 
     else:
-        options = inject(stage, bad, monkeypatch, wavs, model)
+        options, parts = faulty(stage, bad, wavs, model, monkeypatch)
         on_segment = None
-    results = run(model, {k: (p, options[k]) for k, p in wavs.items()}, on_segment=on_segment, batch_size=1)
+    inputs = {k: (p, options[k]) for k, p in wavs.items()}
+    results = run(model, inputs, on_segment=on_segment, batch_size=1, parts=parts)
     assert sorted(results) == sorted(wavs)
     assert isinstance(results[bad].error, Injected) and results[bad].transcription is None
     for key in wavs:
@@ -253,23 +283,24 @@ def test_a_fault_in_segments_joining_a_running_batch_spares_the_running_rows(
     mel, encoding or prefill fails b alone; a join that fails part-way has rewritten a's cache too, so a
     fails with it (and the batch it leaves behind is empty, not inconsistent)."""
     bad = "b"
-    owners = Owners(monkeypatch)
+    owners = Owners()
+    parts = owners.parts
     joins = []
 
-    def name(row):
-        return os.path.basename(owners.of[row]).removesuffix(".wav")
+    def name(source):
+        return os.path.basename(source).removesuffix(".wav")
 
     if stage in ("mel", "encoder"):
-        inject(stage, bad, monkeypatch, wavs, model)
-        owners = Owners(monkeypatch)  # over the injected mel, so that rows are known by input
+        _, parts = inject(stage, bad, wavs, model, owners)
     real_stack = KVCache.stack.__func__
 
-    class Recording(scheduler.DecodeBatch):
+    class Recording(parts.batch):
         def add(self, prompts, audio_features, max_new_tokens, keys):
-            joins.append((sorted(name(k) for k in keys), sorted(name(k) for k in self.keys)))
-            if owners.any_row(keys, wavs[bad]) and stage == "prefill":
+            joining = sorted(name(owners.source(f)) for f in audio_features)
+            joins.append((joining, sorted(name(owners.of[k]) for k in self.keys)))
+            if owners.any_of(audio_features, wavs[bad]) and stage == "prefill":
                 raise Injected("prefill failed")
-            if owners.any_row(keys, wavs[bad]) and stage == "join":
+            if owners.any_of(audio_features, wavs[bad]) and stage == "join":
                 stacked = []
 
                 def stack(cls, caches, capacity=0):
@@ -286,8 +317,8 @@ def test_a_fault_in_segments_joining_a_running_batch_spares_the_running_rows(
                     monkeypatch.setattr(KVCache, "stack", classmethod(real_stack))
             return super().add(prompts, audio_features, max_new_tokens, keys)
 
-    monkeypatch.setattr(scheduler, "DecodeBatch", Recording)
-    results = run(model, {k: (p, InputOptions()) for k, p in wavs.items()}, batch_size=2)
+    inputs = {k: (p, InputOptions()) for k, p in wavs.items()}
+    results = run(model, inputs, batch_size=2, parts=replace(parts, batch=Recording))
     assert sorted(results) == sorted(wavs)
     if stage in ("prefill", "join"):
         assert joins[:2] == [(["a", "c"], []), (["b"], ["a"])]  # b joined while a ran
@@ -299,23 +330,22 @@ def test_a_fault_in_segments_joining_a_running_batch_spares_the_running_rows(
         assert texts(results["a"].transcription) == clean["a"]
 
 
-def test_a_fault_of_every_batch_fails_every_input_and_the_run_ends(model, wavs, monkeypatch):
+def no_temporary_folder(model, mels):
+    raise RuntimeError("filesystem error: temp_directory_path: No such file or directory")
+
+
+def test_a_fault_of_every_batch_fails_every_input_and_the_run_ends(model, wavs):
     """As when MLX cannot compile its kernels (TMPDIR missing, full or read-only): every encoder call
     raises; each input fails once, with that error."""
-
-    def encode(model, mels):
-        raise RuntimeError("filesystem error: temp_directory_path: No such file or directory")
-
-    monkeypatch.setattr(scheduler, "encode_segments", encode)
     inputs = {k: (p, InputOptions()) for k, p in wavs.items()}
     inputs["array"] = (test_signal(40.0, seed=9), InputOptions())  # two segments
     for batch_size in (None, 1):
-        results = run(model, inputs, batch_size=batch_size)
+        results = run(model, inputs, batch_size=batch_size, parts=replace(SHORT, encode=no_temporary_folder))
         assert sorted(results) == sorted(inputs)
         assert all("temp_directory_path" in str(r.error) for r in results.values())
 
 
-def test_a_fault_of_the_aligner_leaves_the_text_with_estimated_timing(model, aligner, wavs, monkeypatch):
+def test_a_fault_of_the_aligner_leaves_the_text_with_estimated_timing(model, aligner, wavs):
     from scripted import script_batches
 
     calls = []
@@ -325,12 +355,12 @@ def test_a_fault_of_the_aligner_leaves_the_text_with_estimated_timing(model, ali
         raise Injected("aligner failed")
 
     # Rows that end (random weights run to their token budget, and such rows are not aligned).
-    script_batches(
-        monkeypatch, lambda prompt: model.tokenizer.encode("language English<asr_text>So it goes.")
-    )
-    monkeypatch.setattr(scheduler, "align_segments", align_segments)
+    record = script_batches(lambda prompt: model.tokenizer.encode("language English<asr_text>So it goes."))
+    parts = replace(SHORT, batch=record.batch, align=align_segments)
     options = InputOptions(align=True)
-    results = run(model, {k: (p, options) for k, p in wavs.items()}, aligner=aligner, batch_size=2)
+    results = run(
+        model, {k: (p, options) for k, p in wavs.items()}, aligner=aligner, batch_size=2, parts=parts
+    )
     assert calls and sum(calls) == len(wavs)
     for res in results.values():
         assert res.error is None
@@ -344,8 +374,8 @@ def test_a_fault_of_the_aligner_leaves_the_text_with_estimated_timing(model, ali
 @pytest.mark.parametrize("stage", [s for s in STAGES if s != "on_segment"])
 def test_engine_a_fault_at_any_stage_fails_only_its_job(model, wavs, clean, monkeypatch, stage):
     bad = "b"
-    options = inject(stage, bad, monkeypatch, wavs, model)
-    engine = Engine(model, batch_size=1, vad=False)
+    options, parts = faulty(stage, bad, wavs, model, monkeypatch)
+    engine = Engine(model, batch_size=1, vad=False, parts=parts)
     try:
         jobs = {k: engine.submit(p, context=options[k].context) for k, p in wavs.items()}
         with pytest.raises(Injected):
@@ -359,20 +389,21 @@ def test_engine_a_fault_at_any_stage_fails_only_its_job(model, wavs, clean, monk
         engine.close()
 
 
-def test_engine_answers_every_job_when_every_batch_fails_and_goes_on(model, wavs, clean, monkeypatch):
-    real_encode = scheduler.encode_segments
+def test_engine_answers_every_job_when_every_batch_fails_and_goes_on(model, wavs, clean):
+    broken = [True]
 
     def encode(model, mels):
-        raise RuntimeError("filesystem error: temp_directory_path: No such file or directory")
+        if broken[0]:
+            no_temporary_folder(model, mels)
+        return SHORT.encode(model, mels)
 
-    monkeypatch.setattr(scheduler, "encode_segments", encode)
-    engine = Engine(model, vad=False)
+    engine = Engine(model, vad=False, parts=replace(SHORT, encode=encode))
     try:
         jobs = [engine.submit(p) for p in wavs.values()]
         for job in jobs:
             with pytest.raises(RuntimeError, match="temp_directory_path"):
                 job.result(timeout=LIMIT)
-        monkeypatch.setattr(scheduler, "encode_segments", real_encode)  # the fault is gone
+        broken[0] = False  # the fault is gone
         assert texts(engine.submit(wavs["a"]).result(timeout=LIMIT)) == clean["a"]
         assert engine.queued_seconds() == 0
     finally:
@@ -388,7 +419,7 @@ def test_engine_a_job_whose_submission_fails_on_its_thread_fails_alone(model, wa
         return real_submit(self, key, audio, options)
 
     monkeypatch.setattr(Scheduler, "submit", submit)
-    engine = Engine(model, batch_size=1, vad=False)
+    engine = Engine(model, batch_size=1, vad=False, parts=SHORT)
     try:
         bad, good = engine.submit(wavs["b"]), engine.submit(wavs["a"])
         with pytest.raises(Injected):
@@ -443,15 +474,16 @@ def test_cli_faults_in_one_file_leave_the_others_written(checkpoints, tmp_path, 
     for seed, (key, seconds) in enumerate(SECONDS.items()):
         paths[key] = str(tmp_path / f"{key}.wav")
         sf.write(paths[key], test_signal(seconds, seed=seed), 16000)
-    inject("encoder", "b", monkeypatch, paths, None)
-    real_write = cli_main.write_outputs
+    _, parts = inject("encoder", "b", paths, None)
+    through_cli(monkeypatch, parts)
+    real_write = cli_run.write_outputs
 
     def write_outputs(job, *args, **kwargs):
         if str(job.path) == paths["c"]:
             raise OSError(28, "No space left on device", str(job.path))
         return real_write(job, *args, **kwargs)
 
-    monkeypatch.setattr(cli_main, "write_outputs", write_outputs)
+    monkeypatch.setattr(cli_run, "write_outputs", write_outputs)
     argv = ["--no-vad", str(tmp_path), "--txt", "--batch-size", "1", "--model", str(checkpoints("tiny"))]
     status = bounded(lambda: cli_main.main(argv))
     err = capsys.readouterr().err

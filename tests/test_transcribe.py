@@ -10,7 +10,7 @@ from reference import test_signal
 import mlx_qwen3asr
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.generate import ends_in_loop, token_budget
-from mlx_qwen3asr.pipeline import scheduler
+from mlx_qwen3asr.pipeline.parts import Parts
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +42,11 @@ def test_a_file_path_and_a_list_of_inputs(model, tmp_path):
     assert results[0].text == results[1].text
 
 
-def test_forced_language_by_code_is_reported_and_placed_in_the_prompt(model, monkeypatch):
+def test_forced_language_by_code_is_reported_and_placed_in_the_prompt(model):
     from scripted import spy_batches
 
-    record = spy_batches(monkeypatch)
-    result = mlx_qwen3asr.transcribe(model, test_signal(2.0), language="en", vad=False)
+    record = spy_batches()
+    result = mlx_qwen3asr.transcribe(model, test_signal(2.0), language="en", vad=False, parts=record.parts())
     assert result.language == "English"
     assert all(s.language == "English" for s in result.segments)
     prompts = [p for add in record.adds for p in add["prompts"]]
@@ -60,9 +60,9 @@ def test_unsupported_language_fails_before_reading_audio(model):
 
 
 def test_a_segment_that_exhausts_its_budget_is_flagged_truncated(model, monkeypatch):
-    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 3)
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=5), vad=False)
+    parts = Parts(budget=lambda seconds: 3)
+    result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=5), vad=False, parts=parts)
     seg = result.segments[0]
     assert seg.truncated and result.truncated
 

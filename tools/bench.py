@@ -20,6 +20,7 @@ our wall time divided by theirs. Stage times come from the end-to-end runs thems
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,7 +50,10 @@ import soundfile as sf  # noqa: E402
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
 from mlx_qwen3asr.model import generate  # noqa: E402
 from mlx_qwen3asr.model.generate import greedy_generate_batch  # noqa: E402
-from mlx_qwen3asr.pipeline import inputs, scheduler  # noqa: E402
+from mlx_qwen3asr.pipeline.encoding import encode_segments  # noqa: E402
+from mlx_qwen3asr.pipeline.inputs import InputOptions  # noqa: E402
+from mlx_qwen3asr.pipeline.parts import Parts  # noqa: E402
+from mlx_qwen3asr.pipeline.scheduler import Scheduler  # noqa: E402
 from mlx_qwen3asr.runtime import backend  # noqa: E402
 from mlx_qwen3asr.runtime import cpu as _cpu  # noqa: E402
 from mlx_qwen3asr.runtime.backend import tuning  # noqa: E402
@@ -154,42 +158,36 @@ class Budget:
         return f"{self.per_second:g} new tokens per second of audio"
 
 
-def instrument(stages: Stages, budget: Budget):
-    """Patch the scheduler so every segment decodes exactly its budget, and time the stages."""
-    real_load = inputs.load_input
-    real_prepare = scheduler.prepare_input
-    real_encode = scheduler.encode_segments
-    real_batch = scheduler.DecodeBatch
-    real_budget = scheduler.token_budget
-    real_prefix = scheduler.prefill_prefix
-    real_mel = scheduler.log_mel_spectrogram
+@contextlib.contextmanager
+def no_loop_stop():
+    """Rows are never stopped for looping (random weights loop often): each decodes its whole budget."""
+    if not hasattr(generate, "LOOP_CHECK_EVERY"):
+        raise RuntimeError(
+            "mlx_qwen3asr.model.generate.LOOP_CHECK_EVERY is gone: the loop stop cannot be turned off"
+        )
+    real = generate.LOOP_CHECK_EVERY
+    generate.LOOP_CHECK_EVERY = 1 << 30
+    try:
+        yield
+    finally:
+        generate.LOOP_CHECK_EVERY = real
 
-    def load_input(audio):
-        start = time.perf_counter()
-        out = real_load(audio)
-        stages.add("audio decode", time.perf_counter() - start)
-        return out
 
-    def prepare_input(*args, **kwargs):
-        # Runs on the scheduler's background thread, overlapping model work; includes load_input.
-        start = time.perf_counter()
-        out = real_prepare(*args, **kwargs)
-        stages.add("preparing", time.perf_counter() - start)
-        return out
+def instrumented(stages: Stages, budget: Budget) -> Parts:
+    """The scheduler's stages timed into `stages`, with every segment decoding exactly its budget (EOS off;
+    loops are not stopped under no_loop_stop)."""
+    real = Parts()
 
-    def encode_segments(model, mels):
-        start = time.perf_counter()
-        out = real_encode(model, mels)
-        stages.add("encoder", time.perf_counter() - start)
-        return out
+    def timed(stage: str, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            stages.add(stage, time.perf_counter() - start)
+            return out
 
-    def log_mel(samples):
-        start = time.perf_counter()
-        out = real_mel(samples)
-        stages.add("mel", time.perf_counter() - start)
-        return out
+        return call
 
-    class Batch(real_batch):
+    class Batch(real.batch):
         """The scheduler's decoding batch with EOS off and its joins (prefill) and steps (decode) timed.
 
         Rows join as others finish (continuous batching); `batches` records how many rows each join adds.
@@ -216,32 +214,17 @@ def instrument(stages: Stages, budget: Budget):
             stages.tokens += rows
             return out
 
-    def prefill_prefix(net, ids):
+    return Parts(
+        load=timed("audio decode", real.load),
+        # Runs on the scheduler's background thread, overlapping model work; includes load.
+        prepare=timed("preparing", real.prepare),
+        mel=timed("mel", real.mel),  # a segment's samples read and its spectrogram, when its batch comes
+        encode=timed("encoder", real.encode),
         # The prompt start shared by every segment (system prompt and context), computed once a run.
-        start = time.perf_counter()
-        out = real_prefix(net, ids)
-        stages.add("prefill", time.perf_counter() - start)
-        return out
-
-    inputs.load_input = load_input
-    scheduler.prefill_prefix = prefill_prefix
-    scheduler.prepare_input = prepare_input
-    scheduler.encode_segments = encode_segments
-    scheduler.DecodeBatch = Batch
-    scheduler.log_mel_spectrogram = log_mel
-    scheduler.token_budget = budget.tokens  # equal work: the budget is the whole of every segment's decode
-    generate.LOOP_CHECK_EVERY = 1 << 30
-
-    def restore():
-        inputs.load_input = real_load
-        scheduler.prepare_input = real_prepare
-        scheduler.encode_segments = real_encode
-        scheduler.DecodeBatch = real_batch
-        scheduler.log_mel_spectrogram = real_mel
-        scheduler.token_budget = real_budget
-        scheduler.prefill_prefix = real_prefix
-
-    return restore
+        prefill=timed("prefill", real.prefill),
+        batch=Batch,
+        budget=budget.tokens,  # equal work: the budget is the whole of every segment's decode
+    )
 
 
 def transcribe_all(
@@ -249,14 +232,15 @@ def transcribe_all(
     paths: list[Path],
     batch_size: int | None,
     continuous: bool = True,
-    options: scheduler.InputOptions | None = None,
+    options: InputOptions | None = None,
+    parts: Parts | None = None,
 ) -> list:
     """Every file through one Scheduler; continuous=False closes each batch until its last row ends.
     The default options send all the audio to the model (no speech detection)."""
-    sched = scheduler.Scheduler(model, batch_size=batch_size, continuous=continuous)
+    sched = Scheduler(model, batch_size=batch_size, continuous=continuous, parts=parts)
     try:
         for i, path in enumerate(paths):
-            sched.submit(i, str(path), options or scheduler.InputOptions())
+            sched.submit(i, str(path), options or InputOptions())
         results = []
         while not sched.idle:
             results += sched.run_once()
@@ -271,23 +255,21 @@ def run_ours(
     budget: Budget,
     batch_size: int | None,
     continuous: bool = True,
-    options: scheduler.InputOptions | None = None,
+    options: InputOptions | None = None,
 ) -> Run:
     stages = Stages()
-    restore = instrument(stages, budget)
+    parts = instrumented(stages, budget)
     mx.clear_cache()
     mx.reset_peak_memory()
-    try:
+    with no_loop_stop():
         start = time.perf_counter()
-        results = transcribe_all(model, paths, batch_size, continuous, options or scheduler.InputOptions())
+        results = transcribe_all(model, paths, batch_size, continuous, options, parts)
         wall = time.perf_counter() - start
-    finally:
-        restore()
     for r in results:
         if r.error is not None:
             raise r.error
     times = dict(stages.times)
-    # Cutting runs on the preparation thread; each segment's mel when its batch comes.
+    # Cutting runs on the preparation thread; each segment's mel (read and computed) when its batch comes.
     times["mel + cutting"] = (
         times.pop("preparing", 0.0) - times.get("audio decode", 0.0) + times.pop("mel", 0.0)
     )
@@ -300,7 +282,7 @@ def run_ours(
 def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: float = 5.0) -> dict[int, float]:
     """Milliseconds per decode step with B rows (prefill excluded), B rows of one 5 s prompt."""
     wav = speechlike(prompt_seconds, seed=99)
-    feats = scheduler.encode_segments(model, [log_mel_spectrogram(wav)])[0]
+    feats = encode_segments(model, [log_mel_spectrogram(wav)])[0]
     prompt = build_prompt_ids(model.tokenizer, int(feats.shape[0]), context="", language=None)
     out = {}
     for b in batch_sizes:
@@ -308,14 +290,15 @@ def decode_sweep(model, batch_sizes: list[int], steps: int, prompt_seconds: floa
         for _ in range(2):
             marks: list[float] = []
             mark = marks.append
-            greedy_generate_batch(
-                model.net,
-                [prompt] * b,
-                [feats] * b,
-                [steps] * b,
-                frozenset(),
-                on_first_tokens=lambda mark=mark: mark(time.perf_counter()),
-            )
+            with no_loop_stop():
+                greedy_generate_batch(
+                    model.net,
+                    [prompt] * b,
+                    [feats] * b,
+                    [steps] * b,
+                    frozenset(),
+                    on_first_tokens=lambda mark=mark: mark(time.perf_counter()),
+                )
             times.append((time.perf_counter() - marks[0]) / (steps - 1))
         out[b] = min(times) * 1000
     return out
@@ -363,9 +346,9 @@ def encoder_scaling(model, seconds: list[float]) -> dict[float, float]:
     out = {}
     for s in seconds:
         mel = log_mel_spectrogram(speechlike(s, seed=7))
-        scheduler.encode_segments(model, [mel[:, :200]])  # warm
+        encode_segments(model, [mel[:, :200]])  # warm
         start = time.perf_counter()
-        scheduler.encode_segments(model, [mel])
+        encode_segments(model, [mel])
         out[s] = (time.perf_counter() - start) / s
     return out
 
@@ -636,7 +619,7 @@ def vad_bench(args: argparse.Namespace, model, budget: Budget, folder: Path) -> 
     run_ours(model, [path], Budget(new_tokens=4), args.batch_size)  # warm-up
     runs = {}
     for name, vad in (("all audio (--no-vad)", None), ("speech only (--vad)", VadOptions())):
-        runs[name] = run_ours(model, [path], budget, args.batch_size, options=scheduler.InputOptions(vad=vad))
+        runs[name] = run_ours(model, [path], budget, args.batch_size, options=InputOptions(vad=vad))
         print(f"{name}: {runs[name].wall_s:.1f} s", file=sys.stderr)
     base = runs["all audio (--no-vad)"].wall_s
     return {

@@ -80,30 +80,48 @@ def write_files(folder: Path, count: int, seconds: float) -> list[Path]:
 
 
 def serve_ours(args: argparse.Namespace) -> int:
-    """Run `mlxasr serve` with every segment decoding exactly its budget (EOS and loop stops off)."""
+    """Serve as `mlxasr serve` does with its defaults (no aligner, limits raised so that no request is
+    refused), its engine given parts with which every segment decodes exactly its budget: EOS off, loops
+    not stopped, tokens_per_second tokens per second of audio."""
     sys.path.insert(0, str(REPO_ROOT))
-    import mlx_qwen3asr  # noqa: F401  (first: it loads OpenBLAS before MLX)
-    from mlx_qwen3asr.cli.serve import main
+    import mlx_qwen3asr  # (first: it loads OpenBLAS before MLX)
     from mlx_qwen3asr.model import generate
-    from mlx_qwen3asr.pipeline import scheduler
+    from mlx_qwen3asr.pipeline.engine import Engine
+    from mlx_qwen3asr.pipeline.parts import Parts
+    from mlx_qwen3asr.serve.app import create_app, uvicorn_config
 
     rate = args.tokens_per_second
-    scheduler.token_budget = lambda seconds: max(1, round(rate * seconds))
-    generate.LOOP_CHECK_EVERY = 1 << 30
-    batch = scheduler.DecodeBatch
+    real = Parts()
 
-    class WithoutEOS(batch):
+    class WithoutEOS(real.batch):
         def __init__(self, net, eos_ids, **kwargs):
             super().__init__(net, frozenset(), **kwargs)
 
-    scheduler.DecodeBatch = WithoutEOS
-    argv = ["--model", args.model, "--port", str(args.port), "--api-key", KEY, "--no-aligner"]
-    argv += ["--max-upload-mb", "1000", "--max-queue-seconds", "10000000"]
-    if args.batch_size:
-        argv += ["--batch-size", str(args.batch_size)]
-    if args.dtype:
-        argv += ["--dtype", args.dtype]
-    return main(argv)
+    parts = Parts(batch=WithoutEOS, budget=lambda seconds: max(1, round(rate * seconds)))
+    if not hasattr(generate, "LOOP_CHECK_EVERY"):
+        raise RuntimeError("mlx_qwen3asr.model.generate.LOOP_CHECK_EVERY is gone: the loop stop stays on")
+    generate.LOOP_CHECK_EVERY = 1 << 30
+
+    import uvicorn
+
+    model = mlx_qwen3asr.load(args.model, dtype=args.dtype)
+    engine = Engine(model, batch_size=args.batch_size, parts=parts)
+    app = create_app(
+        engine,
+        model_id=Path(args.model).name,
+        api_key=KEY,
+        max_upload_bytes=1000 * 1024 * 1024,
+        max_queue_seconds=10_000_000,
+        words_unavailable="the benchmark serves without an aligner",
+    )
+    print(f"listening on http://127.0.0.1:{args.port}", file=sys.stderr, flush=True)
+    config = uvicorn_config(app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.Server(config).run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As the command leaves: at once, the engine's thread as it is (MLX may abort a process whose threads
+    # that used it end during its exit).
+    os._exit(0)
 
 
 def serve_moona3k(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ attention keeps every row as it would be alone, and only the timestamp positions
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -22,10 +22,11 @@ import numpy as np
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram
 from mlx_qwen3asr.checkpoints.layouts import ALIGNER_LANGUAGES
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
+from mlx_qwen3asr.model.generate import prefill_chunks
 from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.pipeline.inputs import load_input
 from mlx_qwen3asr.pipeline.result import Word
-from mlx_qwen3asr.text.prompt import resolve_language
+from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.words import display_spans, split_items, word_times
 
 TIMESTAMP_TOKEN = "<timestamp>"
@@ -80,8 +81,7 @@ def _classes(
 ) -> list[np.ndarray]:
     net = aligner.net
     width = max(len(p.ids) for p in prompts)
-    pad = 0 if aligner.config.audio_token_id != 0 else 1
-    ids = np.full((len(prompts), width), pad, dtype=np.int32)
+    ids = np.full((len(prompts), width), aligner.config.padding_id, dtype=np.int32)
     for row, prompt in enumerate(prompts):
         ids[row, : len(prompt.ids)] = prompt.ids
     audio = mx.concatenate([f.reshape(-1, f.shape[-1]) for f in features], axis=0)
@@ -90,9 +90,7 @@ def _classes(
     cache = net.make_cache()
     wanted = [np.asarray(p.timestamps, dtype=np.int64) for p in prompts]
     picked: list[list[np.ndarray]] = [[] for _ in prompts]
-    for start in range(0, width, ALIGN_CHUNK):
-        stop = min(start + ALIGN_CHUNK, width)
-        hidden = net.model(embeds[:, start:stop], mask="causal" if stop - start > 1 else None, cache=cache)
+    for start, stop, hidden in prefill_chunks(net, embeds, cache, ALIGN_CHUNK):
         rows, cols = [], []
         for row, positions in enumerate(wanted):
             inside = positions[(positions >= start) & (positions < stop)]
@@ -137,19 +135,26 @@ def align_segments(
     texts: Sequence[str],
     languages: Sequence[str],
     spans: Sequence[tuple[float, float]],
+    *,
+    classes: Callable[[ASRModel, Sequence[AlignerPrompt], Sequence[mx.array]], list[np.ndarray]] = (
+        timestamp_classes
+    ),
 ) -> list[list[Word]]:
     """Words with times for each segment (its mel, text, language and [start, end] in the input),
-    all segments aligned in one padded forward pass; times are clamped to the segment's span."""
+    all segments aligned in one padded forward pass; times are clamped to the segment's span.
+
+    classes: the aligner's class at every timestamp position of each prompt (timestamp_classes; tests
+    give a stand-in that times words at a chosen pace)."""
 
     items = [split_items(text, language) for text, language in zip(texts, languages)]
     features = encode_segments(aligner, list(mels))
     prompts = [
         aligner_prompt(aligner, int(f.shape[0]), [i.text for i in its]) for f, its in zip(features, items)
     ]
-    classes = timestamp_classes(aligner, prompts, features)
+    stamps = classes(aligner, prompts, features)
     step_ms = float(aligner.config.timestamp_segment_time or 80)
     out: list[list[Word]] = []
-    for text, its, row, (start, end) in zip(texts, items, classes, spans):
+    for text, its, row, (start, end) in zip(texts, items, stamps, spans):
         times = word_times(row.tolist(), step_ms, len(its))
         words = []
         for (a, b), (t0, t1) in zip(display_spans(text, its), times):

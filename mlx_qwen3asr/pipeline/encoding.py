@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_qwen3asr.checkpoints.loading import ASRModel
-from mlx_qwen3asr.model.modules import encoder_batch
+from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.runtime.backend import tuning
 
 # Encoder work per call, in 100-frame chunks: bounds activation memory however much audio a batch holds.

@@ -18,9 +18,11 @@ from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions
+from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.pipeline.scheduler import InputResult, Scheduler
-from mlx_qwen3asr.text.prompt import prompt_prefix_ids, resolve_language
+from mlx_qwen3asr.text.languages import resolve_language
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
 
 class JobCancelled(Exception):
@@ -88,8 +90,10 @@ class Engine:
         max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
         batch_size: int | None = None,
         vad: bool | VadOptions = True,
+        parts: Parts | None = None,
     ) -> None:
-        """vad: speech detection for every job (True, False or VadOptions), as in transcribe."""
+        """vad: speech detection for every job (True, False or VadOptions), as in transcribe. parts: the
+        stages its scheduler calls (default: the real ones; tests and benchmarks give their own)."""
         self.model, self.aligner = model, aligner
         self.vad = vad_options(vad)
         self._new_scheduler = lambda: Scheduler(
@@ -98,6 +102,7 @@ class Engine:
             max_segment_seconds=max_segment_seconds,
             batch_size=batch_size,
             on_segment=self._on_segment,
+            parts=parts,
         )
         self._scheduler = self._new_scheduler()
         self._lock = threading.Condition()

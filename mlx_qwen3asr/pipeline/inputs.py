@@ -15,9 +15,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_qwen3asr.audio import files as decode
-from mlx_qwen3asr.audio.cutting import Span, split_on_silence, split_speech
-from mlx_qwen3asr.audio.features import SAMPLE_RATE, prepare_audio
-from mlx_qwen3asr.audio.files import ArraySignal, DecodedAudio, Signal, read_audio
+from mlx_qwen3asr.audio.cutting import Span, padded_length, segment_audio, split_on_silence, split_speech
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count, prepare_audio
+from mlx_qwen3asr.audio.files import DecodedAudio, read_audio
+from mlx_qwen3asr.audio.signal import ArraySignal, Signal
 from mlx_qwen3asr.audio.vad import VadOptions, detect_speech
 
 # Pieces of about 30 s transcribe more accurately than long ones (the model was tuned on short clips),
@@ -75,7 +76,7 @@ def samples_at_most(audio: AudioInput) -> int:
 class PreparedInput:
     """An input made ready for the model: its decoded audio and where it is cut into segments.
 
-    The audio of a long file lives in a temporary file (decode.FileSignal); each segment's mel
+    The audio of a long file lives in a temporary file (audio.signal.FileSignal); each segment's mel
     spectrogram is computed from it when the segment's batch comes, so memory does not grow with
     the length of a file.
     """
@@ -99,10 +100,12 @@ def prepare_input(
     max_segment_seconds: float,
     skip: Callable[[Signal], bool] | None = None,
     vad: VadOptions | None = None,
+    *,
+    load: Callable[[AudioInput], tuple[DecodedAudio, str | None]] = load_input,
 ) -> PreparedInput:
-    """Decode an input and cut it into segments: at quiet points over the whole audio, or, with speech
-    detection (vad), around the speech regions only."""
-    decoded, source = load_input(audio)
+    """Decode an input (with `load`) and cut it into segments: at quiet points over the whole audio, or,
+    with speech detection (vad), around the speech regions only."""
+    decoded, source = load(audio)
     signal = decoded.signal
     skipped = skip is not None and skip(signal)
     warnings = list(decoded.warnings)
@@ -118,6 +121,16 @@ def prepare_input(
         spans = split_on_silence(signal, max_seconds=max_segment_seconds, sample_rate=SAMPLE_RATE)
     header = decoded.header_seconds if decoded.truncated else None
     return PreparedInput(index, source, signal, spans, skipped, warnings, header, speech)
+
+
+def segment_mel(signal: Signal, span: Span) -> np.ndarray:
+    """The log-mel spectrogram of one segment, read from its input's decoded samples."""
+    return log_mel_spectrogram(segment_audio(signal, span, sample_rate=SAMPLE_RATE))
+
+
+def segment_frames(span: Span) -> int:
+    """Mel frames of a segment, known without computing them."""
+    return mel_frame_count(padded_length(span))
 
 
 @dataclass(frozen=True)
@@ -144,5 +157,7 @@ __all__ = [
     "PreparedInput",
     "load_input",
     "prepare_input",
+    "segment_frames",
+    "segment_mel",
     "speech_span",
 ]

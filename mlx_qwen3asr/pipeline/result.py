@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mlx_qwen3asr.audio.signal import Signal
+
 
 @dataclass
 class Word:
@@ -63,6 +65,18 @@ class Transcription:
         return asdict(self)
 
 
+@dataclass
+class InputResult:
+    """The outcome for one input of many: a transcription, or the error that stopped it."""
+
+    index: int  # the input's key (its position among transcribe_stream's inputs)
+    source: str | None
+    transcription: Transcription | None = None
+    wav: Signal | None = None  # the decoded samples (read by range for long files)
+    error: Exception | None = None
+    skipped: bool = False
+
+
 def main_language(segments: list[Segment]) -> str:
     """The language spoken longest; segments without speech have none."""
     time: Counter[str] = Counter()
@@ -72,4 +86,4 @@ def main_language(segments: list[Segment]) -> str:
     return time.most_common(1)[0][0] if time else ""
 
 
-__all__ = ["Segment", "Transcription", "Word", "main_language"]
+__all__ = ["InputResult", "Segment", "Transcription", "Word", "main_language"]

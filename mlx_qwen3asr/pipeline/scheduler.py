@@ -4,91 +4,46 @@ Decoding reads every decoder weight once per step whatever the number of rows, s
 decoded together, from one long file or from many files. Inputs are loaded, cut at quiet points and
 turned into mel spectrograms on a background thread while the model works; the pool of waiting
 segments is sorted by length before each batch so that rows of a batch need little padding.
+
+The stages it calls (decoding, the encoder, the decoding batch, the aligner...) come in `Parts`
+(parts.py). Reading ahead is in readahead.py, batch sizing in memory.py, the shared prompt starts in
+prefixes.py, the segments and results made of decoded rows in assembly.py.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import mlx.core as mx
 import numpy as np
 
-from mlx_qwen3asr.audio.cutting import Span, padded_length, segment_audio
-from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
-from mlx_qwen3asr.audio.files import Signal
+from mlx_qwen3asr.audio.cutting import Span
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
-from mlx_qwen3asr.model.generate import DecodeBatch, Prefix, prefill_prefix, token_budget
-from mlx_qwen3asr.pipeline.alignment import align_segments, why_not_aligned
-from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.model.generate import DecodeBatch, Generation
+from mlx_qwen3asr.pipeline.alignment import why_not_aligned
+from mlx_qwen3asr.pipeline.assembly import decoded_segment
 from mlx_qwen3asr.pipeline.inputs import (
     DEFAULT_MAX_SEGMENT_SECONDS,
     HELD_SECONDS,
     AudioInput,
     InputOptions,
     PreparedInput,
-    prepare_input,
-    samples_at_most,
     samples_in_memory,
-    source_name,
-    speech_span,
+    segment_frames,
 )
-from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
+from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position, rows_that_fit
+from mlx_qwen3asr.pipeline.parts import Parts
+from mlx_qwen3asr.pipeline.prefixes import PromptStarts
+from mlx_qwen3asr.pipeline.readahead import ReadAhead
+from mlx_qwen3asr.pipeline.result import InputResult, Segment
 from mlx_qwen3asr.runtime.backend import tuning
-from mlx_qwen3asr.text.prompt import (
-    fix_repetitions_flag,
-    join_texts,
-    parse_output,
-    prompt_prefix_ids,
-    prompt_suffix_ids,
-    resolve_language,
-)
+from mlx_qwen3asr.text.languages import resolve_language
+from mlx_qwen3asr.text.prompt import prompt_suffix_ids
 
-# Share of the available memory that the batch's KV cache may take.
-MEMORY_FRACTION = 0.25
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
 ALIGN_GROUP = 8
-# Prompt starts (contexts) whose keys and values are kept for later batches.
-PREFIXES_KEPT = 4
-
-
-def available_memory() -> int:
-    """Bytes the process can still use (GPU working set on Apple silicon, free RAM elsewhere)."""
-    info = mx.device_info()
-    limit = info.get("max_recommended_working_set_size") or info.get("memory_size")
-    if limit:
-        return max(0, int(limit) - mx.get_active_memory())
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-
-
-def kv_bytes_per_position(model: ASRModel) -> int:
-    """Bytes of keys and values that one cached position of one row takes, over all decoder layers."""
-    t = model.config.text_config
-    return 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * model.dtype.size
-
-
-@dataclass
-class InputResult:
-    """The outcome for one input: a transcription, or the error that stopped it."""
-
-    index: int
-    source: str | None
-    transcription: Transcription | None = None
-    wav: Signal | None = None  # the decoded samples (read by range for long files)
-    error: Exception | None = None
-    skipped: bool = False
 
 
 @dataclass
@@ -110,7 +65,7 @@ class _Task:
     pending: _Pending
     position: int  # segment number within its input
     order: int  # admission order: the oldest waiting context is served first
-    _mel: np.ndarray | None = None
+    mel: np.ndarray | None = None  # the segment's log-mel spectrogram, while it is needed
 
     @property
     def span(self) -> Span:
@@ -119,38 +74,11 @@ class _Task:
     @property
     def frames(self) -> int:
         """Mel frames of the segment (known without computing them)."""
-        return mel_frame_count(padded_length(self.span))
-
-    @property
-    def mel(self) -> np.ndarray:
-        """The segment's log-mel spectrogram, computed from its samples when first needed."""
-        if self._mel is None:
-            samples = segment_audio(self.pending.prepared.wav, self.span, sample_rate=SAMPLE_RATE)
-            self._mel = log_mel_spectrogram(samples)
-        return self._mel
+        return segment_frames(self.span)
 
     @property
     def context(self) -> str:
         return self.pending.options.context
-
-
-def _assemble(
-    prepared: PreparedInput, segments: list[Segment], language: str | None, timing_notes: Sequence[str] = ()
-) -> Transcription:
-    language_out = language or main_language(segments)
-    warnings = list(prepared.warnings)
-    for note, count in Counter(timing_notes).items():
-        warnings.append(f"word timing is estimated for {count} segment(s): {note}")
-    return Transcription(
-        text=join_texts([s.text for s in segments], language_out),
-        language=language_out,
-        segments=segments,
-        duration=len(prepared.wav) / SAMPLE_RATE,
-        source=prepared.source,
-        warnings=warnings,
-        header_duration=prepared.header_seconds,
-        speech=None if prepared.speech is None else [speech_span(s) for s in prepared.speech],
-    )
 
 
 class Scheduler:
@@ -166,6 +94,8 @@ class Scheduler:
 
     One thread drives it: `submit` inputs, call `run_once` until `idle`, collect the InputResults it
     returns as inputs finish. transcribe_stream and the server's Engine are built on it.
+
+    parts: the stages it calls (Parts(): the real ones); tests and benchmarks pass their own.
 
     A fault anywhere (reading audio, a mel spectrogram, the encoder, a prefill, a decoding step, the
     text of a row, on_segment) fails the inputs whose work it was doing, each with a result carrying
@@ -184,11 +114,13 @@ class Scheduler:
         continuous: bool = True,
         held_seconds: float = HELD_SECONDS,
         max_batch: int | None = None,
+        parts: Parts | None = None,
     ) -> None:
         """continuous=False keeps a batch closed until its last row finishes (batch after batch), for
         comparison. held_seconds: decoded audio that inputs read ahead may hold in memory at once.
         max_batch: rows at most when the batch is sized automatically (default: the path's tuning)."""
         require_kind(model, "asr")
+        self.parts = parts if parts is not None else Parts()
         self.continuous = continuous
         if aligner is not None:
             require_kind(aligner, "aligner")
@@ -196,40 +128,33 @@ class Scheduler:
         self.max_segment_seconds = max_segment_seconds
         self.fixed = max(1, int(batch_size)) if batch_size else None
         self.size = self.fixed or max(1, int(max_batch or tuning().max_batch))
-        self.kv_memory = None if self.fixed else int(available_memory() * MEMORY_FRACTION)
+        self.kv_memory = None if self.fixed else int(self.parts.memory() * MEMORY_FRACTION)
         tok = model.tokenizer
         self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
-        self.waiting: deque[tuple[Hashable, AudioInput, InputOptions]] = deque()
-        # Inputs being prepared: key, options, source, the preparation, the most samples it may hold.
-        self.queued: list[tuple[Hashable, InputOptions, str | None, Future[PreparedInput], int]] = []
-        self.held_samples = max(0, int(held_seconds * SAMPLE_RATE))
+        self.inputs = ReadAhead(self.parts, max_segment_seconds, held_seconds)
         self.pending: dict[Hashable, _Pending] = {}
         self.pool: list[_Task] = []
         self.batch: DecodeBatch | None = None
         self.batch_context: str | None = None
         self.in_batch: dict[int, _Task] = {}  # row key (id of the task) -> task
         self.to_align: list[tuple[_Task, Segment]] = []
-        self.prefixes: OrderedDict[str, tuple[list[int], Prefix | None]] = OrderedDict()
+        self.starts = PromptStarts(model, self.parts.prefill)
         self.admitted = 0
         self.failed: list[InputResult] = []  # inputs failed during this iteration
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prepare")
 
     # -- inputs ----------------------------------------------------------------------------------
 
     def submit(self, key: Hashable, audio: AudioInput, options: InputOptions | None = None) -> None:
         """Queue an input; its result comes out of run_once under this key."""
         options = options if options is not None else InputOptions()
-        self.prefix_ids(options.context)  # an over-long context is refused before any work
+        self.starts.ids(options.context)  # an over-long context is refused before any work
         if options.align and self.aligner is None:
             raise ValueError("word timing needs a scheduler built with an aligner")
-        self.waiting.append((key, audio, options))
+        self.inputs.add(key, audio, options)
 
     def cancel(self, key: Hashable) -> None:
         """Forget an input: its waiting segments leave the pool and its rows the batch; no result."""
-        self.waiting = deque(w for w in self.waiting if w[0] != key)
-        for item in [q for q in self.queued if q[0] == key]:
-            item[3].cancel()
-            self.queued.remove(item)
+        self.inputs.cancel(key)
         entry = self.pending.pop(key, None)
         if entry is not None:
             self._forget(entry)
@@ -269,14 +194,14 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.waiting or self.queued or self.pending)
+        return not (self.inputs.busy or self.pending)
 
     @property
     def rows(self) -> int:
         return 0 if self.batch is None else len(self.batch)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.inputs.close()
 
     # -- one iteration ---------------------------------------------------------------------------
 
@@ -297,105 +222,58 @@ class Scheduler:
         self.failed = []
         return results
 
-    def _samples_held(self) -> int:
-        """Samples in memory of the inputs prepared or being prepared and not finished (an input being
-        prepared counts the most it may hold)."""
-        held = sum(samples_in_memory(e.prepared.wav) for e in self.pending.values())
-        for *_, future, most in self.queued:
-            if not future.done():
-                held += most
-            elif not future.cancelled() and future.exception() is None:
-                held += samples_in_memory(future.result().wav)
-        return held
-
-    def _prepare_ahead(self) -> None:
-        # Prepare ahead while the pool is short of two batches (long inputs fill it at once, and
-        # their samples are not held for many more inputs meanwhile), and while the audio held in
-        # memory stays within held_samples (at least one input when none is held).
-        ahead = max(2, self.size)
-        held = None
-        while (
-            self.waiting and len(self.queued) < ahead and (len(self.pool) < 2 * self.size or not self.queued)
-        ):
-            key, audio, options = self.waiting[0]
-            most = samples_at_most(audio)
-            held = self._samples_held() if held is None else held
-            if held and held + most > self.held_samples:
-                break
-            self.waiting.popleft()
-            held += most
-            args = (key, audio, self.max_segment_seconds, options.skip, options.vad)
-            future = self.executor.submit(prepare_input, *args)
-            self.queued.append((key, options, source_name(audio), future, most))
-
     def _admit(self, block: bool) -> list[InputResult]:
         """Move prepared inputs into the pool until it holds two batches (waiting for them if `block`)."""
         results = []
         while True:
-            self._prepare_ahead()
-            if not (self.queued and len(self.pool) < 2 * self.size):
+            # Read ahead while the pool is short of two batches (long inputs fill it at once, and their
+            # samples are not held for many more inputs meanwhile).
+            short = len(self.pool) < 2 * self.size
+            self.inputs.start(max(2, self.size), short, self._samples_held)
+            item = self.inputs.take(block) if short else None
+            if item is None:
                 break
-            key, options, source, future, _ = self.queued[0]
-            if not future.done() and not block:
-                break
-            self.queued.pop(0)
             try:
-                prepared = future.result()
+                prepared = item.future.result()
                 if not prepared.spans:
-                    empty = _assemble(prepared, [], options.language)
+                    empty = self.parts.assemble(prepared, [], item.options.language)
                     results.append(
-                        InputResult(key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
+                        InputResult(item.key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
                     )
                     continue
             except Exception as e:  # unreadable audio: this input fails, the others go on
-                results.append(InputResult(key, source, error=e))
+                results.append(InputResult(item.key, item.source, error=e))
                 continue
-            entry = _Pending(key, prepared, options, [None] * len(prepared.spans))
-            self.pending[key] = entry
+            entry = _Pending(item.key, prepared, item.options, [None] * len(prepared.spans))
+            self.pending[item.key] = entry
             for i in range(len(prepared.spans)):
                 self.pool.append(_Task(entry, i, self.admitted))
                 self.admitted += 1
         return results
 
+    def _samples_held(self) -> int:
+        """Samples in memory of the inputs admitted and not finished."""
+        return sum(samples_in_memory(e.prepared.wav) for e in self.pending.values())
+
     # -- decoding --------------------------------------------------------------------------------
-
-    def prefix_ids(self, context: str) -> list[int]:
-        if context not in self.prefixes:
-            self.prefixes[context] = (prompt_prefix_ids(self.model.tokenizer, context), None)
-        return self.prefixes[context][0]
-
-    def _prefix(self, context: str) -> Prefix:
-        ids, prefix = self.prefixes[context] if context in self.prefixes else (self.prefix_ids(context), None)
-        if prefix is None:
-            prefix = prefill_prefix(self.model.net, ids)
-        self.prefixes[context] = (ids, prefix)
-        self.prefixes.move_to_end(context)
-        while len(self.prefixes) > PREFIXES_KEPT:
-            self.prefixes.popitem(last=False)
-        return prefix
 
     def rows_that_fit(self, tasks: Sequence[_Task], memory: int, context: str) -> int:
         """How many of these tasks, taken in order, can join the running rows (if any) with the KV cache
-        of them all in `memory` bytes; at least one when nothing runs.
-
-        The joined cache holds, for every row, the widest prompt or running row (after the shared
-        prefix) plus the largest token budget left; the prefix is held once.
-        """
-        cfg = self.model.config.audio_config
-        per_position = kv_bytes_per_position(self.model)
-        memory -= len(self.prefix_ids(context)) * per_position
-        width = budget = running = 0
-        if self.rows:
-            width, running = self.batch.cache[0].offset, len(self.batch)
-            budget = max(r.budget - len(r.tokens) for r in self.batch.rows)
-        for n, task in enumerate(tasks, start=1):
-            width = max(
-                width, self._suffix_overhead(task.pending.options.language) + cfg.audio_tokens(task.frames)
+        of them all in `memory` bytes; at least one when nothing runs (memory.rows_that_fit)."""
+        audio = self.model.config.audio_config
+        rows = (
+            (
+                self._suffix_overhead(t.pending.options.language) + audio.audio_tokens(t.frames),
+                self.parts.budget(t.span.duration),
             )
-            budget = max(budget, token_budget(task.span.duration))
-            if (running + n) * (width + budget) * per_position > memory:
-                return n - 1 if running or n > 1 else 1
-        return len(tasks)
+            for t in tasks
+        )
+        running = (0, 0, 0)
+        if self.rows:
+            left = max(r.budget - len(r.tokens) for r in self.batch.rows)
+            running = (len(self.batch), self.batch.cache[0].offset, left)
+        shared = len(self.starts.ids(context))
+        return rows_that_fit(rows, memory, kv_bytes_per_position(self.model), shared, running)
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (one scheduler per run; a few languages)
     def _suffix_overhead(self, language: str | None) -> int:
@@ -425,26 +303,26 @@ class Scheduler:
         for t in chosen:
             if self._alive(t):
                 try:
-                    _ = t.mel
+                    t.mel = self.parts.mel(t.pending.prepared.wav, t.span)
                 except Exception as e:
                     self._fail([t.pending], e)
         chosen = [t for t in chosen if self._alive(t)]
         if not chosen:
             return
         try:
-            prefix = self._prefix(self.batch_context) if self.batch is None else None
-            features = encode_segments(self.model, [t.mel for t in chosen])
+            prefix = self.starts.prefix(self.batch_context) if self.batch is None else None
+            features = self.parts.encode(self.model, [t.mel for t in chosen])
             tok = self.model.tokenizer
             prompts = [
                 prompt_suffix_ids(tok, int(f.shape[0]), t.pending.options.language)
                 for f, t in zip(features, chosen)
             ]
-            budgets = [token_budget(t.span.duration) for t in chosen]
+            budgets = [self.parts.budget(t.span.duration) for t in chosen]
         except Exception as e:  # the segments encoded together fail; rows already running go on
             self._fail([t.pending for t in chosen], e)
             return
         if self.batch is None:
-            self.batch = DecodeBatch(self.model.net, self.eos, prefix=prefix)
+            self.batch = self.parts.batch(self.model.net, self.eos, prefix=prefix)
         for t in chosen:
             self.in_batch[id(t)] = t
         try:
@@ -484,7 +362,7 @@ class Scheduler:
         for key, gen in done:
             self._row_done(key, gen)
 
-    def _row_done(self, key: int, gen) -> None:
+    def _row_done(self, key: int, gen: Generation) -> None:
         task = self.in_batch.pop(key, None)
         if task is None or not self._alive(task):
             return
@@ -493,20 +371,10 @@ class Scheduler:
         except Exception as e:  # its text could not be made: its input fails
             self._fail([task.pending], e)
 
-    def _finished(self, task: _Task, gen) -> None:
+    def _finished(self, task: _Task, gen: Generation) -> None:
         """A row is done: its segment's text; with word timing asked for, it waits for the aligner."""
-        tok, options = self.model.tokenizer, task.pending.options
-        raw = tok.decode(gen.tokens, skip_special_tokens=True)
-        language, text = parse_output(raw, options.language)
-        _, collapsed = fix_repetitions_flag(raw.strip())
-        seg = Segment(
-            start=task.span.start_seconds,
-            end=task.span.end_seconds,
-            text=text,
-            language=language,
-            truncated=gen.truncated,
-            repetitive=gen.repetitive or collapsed,
-        )
+        options = task.pending.options
+        seg = decoded_segment(self.model.tokenizer, gen, task.span, options.language)
         if options.align and not (seg.truncated or seg.repetitive):
             reason = why_not_aligned(self.aligner, seg.text, seg.language, task.span.duration)
             if reason is None:
@@ -514,7 +382,7 @@ class Scheduler:
                 return
             if reason != "no text":
                 task.pending.timing_notes.append(reason)
-        task._mel = None
+        task.mel = None
         task.pending.segments[task.position] = seg
 
     # -- word timing -----------------------------------------------------------------------------
@@ -532,7 +400,7 @@ class Scheduler:
             return
         group, self.to_align = self.to_align, []
         try:
-            words = align_segments(
+            words = self.parts.align(
                 self.aligner,
                 [t.mel for t, _ in group],
                 [s.text for _, s in group],
@@ -546,7 +414,7 @@ class Scheduler:
         for i, (task, seg) in enumerate(group):
             if words is not None:
                 seg.words, seg.timing = words[i], "aligned"
-            task._mel = None
+            task.mel = None
             task.pending.segments[task.position] = seg
 
     # -- results ---------------------------------------------------------------------------------
@@ -563,7 +431,7 @@ class Scheduler:
                     if self.on_segment is not None:
                         self.on_segment(key, entry.segments[entry.reported - 1])
                 if entry.complete:
-                    result = _assemble(
+                    result = self.parts.assemble(
                         entry.prepared, entry.segments, entry.options.language, entry.timing_notes
                     )
                     del self.pending[key]
@@ -585,6 +453,7 @@ def transcribe_stream(
     on_segment: Callable[[int, Segment], None] | None = None,
     aligner: ASRModel | None = None,
     vad: bool | VadOptions = True,
+    parts: Parts | None = None,
 ) -> Iterator[InputResult]:
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
@@ -596,6 +465,7 @@ def transcribe_stream(
     aligner: a Qwen3-ForcedAligner; segments then get word times (segment.words), aligned in groups
         right after their text is decoded.
     vad: speech detection (True, False, or VadOptions): only the speech regions reach the model.
+    parts: the stages the scheduler calls (default: the real ones; tests and benchmarks give their own).
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
     go on. Results come in the order inputs finish, which is not the input order.
     """
@@ -606,6 +476,7 @@ def transcribe_stream(
         max_segment_seconds=max_segment_seconds,
         batch_size=batch_size,
         on_segment=on_segment,
+        parts=parts,
     )
     try:
         for index, audio in enumerate(inputs):
@@ -616,9 +487,4 @@ def transcribe_stream(
         scheduler.close()
 
 
-__all__ = [
-    "InputResult",
-    "Scheduler",
-    "kv_bytes_per_position",
-    "transcribe_stream",
-]
+__all__ = ["InputResult", "Scheduler", "transcribe_stream"]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput
+from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
-from mlx_qwen3asr.text.prompt import resolve_language
+from mlx_qwen3asr.text.languages import resolve_language
 
 
 def _transcribe_all(
@@ -25,6 +24,7 @@ def _transcribe_all(
     on_segment: Callable[[Segment], None] | None,
     aligner: ASRModel | None = None,
     vad: bool | VadOptions = True,
+    parts: Parts | None = None,
 ) -> list[Transcription]:
     results: list[Transcription | None] = [None] * len(inputs)
     stream = transcribe_stream(
@@ -37,6 +37,7 @@ def _transcribe_all(
         on_segment=None if on_segment is None else (lambda _index, seg: on_segment(seg)),
         aligner=aligner,
         vad=vad,
+        parts=parts,
     )
     for res in stream:
         if res.error is not None:
@@ -44,23 +45,6 @@ def _transcribe_all(
             raise res.error
         results[res.index] = res.transcription
     return [r for r in results if r is not None]
-
-
-def transcribe_waveform(
-    model: ASRModel,
-    wav: np.ndarray,
-    *,
-    language: str | None = None,
-    context: str = "",
-    max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
-    batch_size: int | None = None,
-    on_segment: Callable[[Segment], None] | None = None,
-) -> Transcription:
-    """Transcribe a mono 16 kHz float32 waveform."""
-    return _transcribe_all(
-        model, [wav], language=language, context=context, max_segment_seconds=max_segment_seconds,
-        batch_size=batch_size, on_segment=on_segment,
-    )[0]  # fmt: skip
 
 
 def transcribe(
@@ -74,6 +58,7 @@ def transcribe(
     on_segment: Callable[[Segment], None] | None = None,
     aligner: ASRModel | None = None,
     vad: bool | VadOptions = True,
+    parts: Parts | None = None,
 ) -> Transcription | list[Transcription]:
     """Transcribe a file, an array (16 kHz, or `(array, sample_rate)`), or a list of them.
 
@@ -86,6 +71,8 @@ def transcribe(
     vad: speech detection (Silero VAD): only the speech regions are transcribed, so noise, music and
         silence give no text (`Transcription.speech` lists the regions). False sends all the audio, cut
         at quiet points; VadOptions(threshold=...) tunes it.
+    parts: the stages transcription goes through (pipeline.parts.Parts; default: the real ones), for
+        tests and benchmarks.
     Returns one Transcription per input, a list for a list. An input that cannot be read raises.
     """
     resolve_language(language)  # fail before any audio is read
@@ -93,9 +80,9 @@ def transcribe(
     results = _transcribe_all(
         model, audio if many else [audio], language=language, context=context,
         max_segment_seconds=max_segment_seconds, batch_size=batch_size, on_segment=on_segment,
-        aligner=aligner, vad=vad,
+        aligner=aligner, vad=vad, parts=parts,
     )  # fmt: skip
     return results if many else results[0]
 
 
-__all__ = ["Segment", "Transcription", "transcribe", "transcribe_waveform"]
+__all__ = ["Segment", "Transcription", "transcribe"]
