@@ -21,6 +21,7 @@ from mlx_qwen3asr.checkpoints.convert import (
 )
 from mlx_qwen3asr.checkpoints.loading import DTYPES, ModelLoadError
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
+from mlx_qwen3asr.runtime.messages import one_line
 
 PROG = "mlxasr-convert"
 # How many layer names to print before summarising the rest.
@@ -61,10 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="replace DST if it exists (once the new one is complete)"
     )
     return ap
-
-
-def _one_line(message: object) -> str:
-    return " ".join(str(message).split())
 
 
 def _size(n: int) -> str:
@@ -123,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             log=progress,
         )
     except (ConvertError, ModelLoadError) as e:
-        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from mlx_qwen3asr import tune_malloc
 from mlx_qwen3asr.checkpoints.loading import DTYPES
-from mlx_qwen3asr.cli.main import (
+from mlx_qwen3asr.cli.models import load_aligner, load_model
+from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
     BATCH_SIZE_RANGE,
     DEFAULT_ALIGNER,
@@ -29,12 +30,16 @@ from mlx_qwen3asr.cli.main import (
     EXIT_USAGE,
     MODEL_ENV,
     VAD_THRESHOLD_RANGE,
-    _int_in,
-    _model_error,
-    _number_in,
-    _range,
+    check_vad,
+    exit_status,
+    int_in,
+    number_in,
+    span,
+    vad_options,
 )
+from mlx_qwen3asr.cli.signals import Terminated, terminate
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
+from mlx_qwen3asr.runtime.messages import one_line
 
 PROG = "mlxasr serve"
 API_KEY_ENV = "MLXASR_API_KEY"
@@ -80,10 +85,6 @@ exit status:
   {EXIT_INTERRUPTED}  stopped with Ctrl-C ({EXIT_TERMINATED} for SIGTERM); requests in flight are cancelled"""
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised so that the same cleanup as for Ctrl-C runs."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST})")
     p.add_argument(
         "--port",
-        type=_int_in((0, 65535)),
+        type=int_in((0, 65535)),
         default=DEFAULT_PORT,
         help=f"port (default: {DEFAULT_PORT}; 0: any free one)",
     )
@@ -123,14 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-upload-mb",
-        type=_number_in(UPLOAD_MB_RANGE, "MB"),
+        type=number_in(UPLOAD_MB_RANGE, "MB"),
         default=DEFAULT_MAX_UPLOAD_MB,
         metavar="N",
         help=f"largest request body in MB (MiB), refused with 413 (default: {DEFAULT_MAX_UPLOAD_MB:g})",
     )
     p.add_argument(
         "--max-queue-seconds",
-        type=_number_in(QUEUE_SECONDS_RANGE, "seconds"),
+        type=number_in(QUEUE_SECONDS_RANGE, "seconds"),
         default=DEFAULT_MAX_QUEUE_SECONDS,
         metavar="S",
         help="refuse new requests (503 with Retry-After) while more than S seconds of audio are being "
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-audio-seconds",
-        type=_number_in(AUDIO_SECONDS_RANGE, "seconds"),
+        type=number_in(AUDIO_SECONDS_RANGE, "seconds"),
         default=DEFAULT_MAX_AUDIO_SECONDS,
         metavar="S",
         help="longest audio one request may hold, counted as decoded; longer is refused with 413 "
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--header-timeout",
-        type=_number_in(TIMEOUT_RANGE, "seconds"),
+        type=number_in(TIMEOUT_RANGE, "seconds"),
         default=DEFAULT_HEADER_TIMEOUT,
         metavar="S",
         help="seconds a connection has to send its request headers; then 408 and closed "
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--body-timeout",
-        type=_number_in(TIMEOUT_RANGE, "seconds"),
+        type=number_in(TIMEOUT_RANGE, "seconds"),
         default=DEFAULT_BODY_TIMEOUT,
         metavar="S",
         help="longest pause in a request body; then 408 and closed, the upload dropped "
@@ -179,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--body-min-rate",
-        type=_number_in(MIN_RATE_RANGE, "bytes a second"),
+        type=number_in(MIN_RATE_RANGE, "bytes a second"),
         default=DEFAULT_BODY_MIN_RATE,
         metavar="B",
         help="bytes a second a request body must average after its first --body-timeout seconds "
@@ -187,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-connections",
-        type=_int_in(CONNECTIONS_RANGE),
+        type=int_in(CONNECTIONS_RANGE),
         default=DEFAULT_MAX_CONNECTIONS,
         metavar="N",
         help=f"open connections at most; more get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch-size",
-        type=_int_in(BATCH_SIZE_RANGE),
+        type=int_in(BATCH_SIZE_RANGE),
         default=None,
         metavar="N",
         help=f"segments decoded together, from all requests ({BATCH_SIZE_RANGE[0]} to {BATCH_SIZE_RANGE[1]}; "
@@ -214,10 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--vad-threshold",
-        type=_number_in(VAD_THRESHOLD_RANGE, ""),
+        type=number_in(VAD_THRESHOLD_RANGE, ""),
         default=None,
         metavar="P",
-        help=f"speech probability from which audio counts as speech ({_range(VAD_THRESHOLD_RANGE)}; default: 0.5)",
+        help=f"speech probability from which audio counts as speech ({span(VAD_THRESHOLD_RANGE)}; default: 0.5)",
     )
     return p
 
@@ -234,12 +235,21 @@ def _model_id(source: str) -> str:
     return path.resolve().name if path.exists() else source
 
 
-def _error(line: str) -> None:
-    print(f"error: {' '.join(line.split())}", file=sys.stderr)
+class _Stderr:
+    """What the server says before it serves (and when it cannot): lines on stderr."""
+
+    def info(self, line: str) -> None:
+        print(line, file=sys.stderr)
+
+    def error(self, line: str) -> None:
+        print(f"error: {one_line(line)}", file=sys.stderr)
+
+    def warning(self, line: str) -> None:
+        print(f"warning: {one_line(line)}", file=sys.stderr)
 
 
-def _warning(line: str) -> None:
-    print(f"warning: {' '.join(line.split())}", file=sys.stderr)
+_say = _Stderr()
+_error, _warning = _say.error, _say.warning
 
 
 def _api_key(flag: str | None) -> str | None:
@@ -278,33 +288,22 @@ def _raise_open_files(connections: int) -> None:
 
 def _load_models(args: argparse.Namespace):
     """(model, aligner or None, why word timestamps are unavailable) or an exit status."""
-    from mlx_qwen3asr.checkpoints.loading import load, require_kind
-
-    print(f"loading model {args.model}", file=sys.stderr)
-    try:
-        model = load(args.model, dtype=args.dtype)
-        require_kind(model, "asr")
-    except Exception as e:
-        _error(_model_error(args.model, e))
+    model = load_model(args.model, args.dtype, _say)
+    if model is None:
         return EXIT_USAGE
     if args.no_aligner:
         return model, None, "it was started with --no-aligner"
-    source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
-    named = bool(args.aligner or os.environ.get(ALIGNER_ENV))
-    print(f"loading aligner {source}", file=sys.stderr)
-    try:
-        aligner = load(source, dtype=args.dtype)
-        require_kind(aligner, "aligner")
-    except Exception as e:
-        reason = _model_error(source, e).removeprefix(f"model {source}: ")
-        if named:
-            _error(f"aligner {source}: {reason}")
-            return EXIT_USAGE
-        _warning(
-            f"aligner {source}: {reason}; word timestamps are refused (name one with --aligner or ${ALIGNER_ENV})"
-        )
-        return model, None, f"the forced aligner {_model_id(source)} could not be loaded"
-    return model, aligner, None
+    loaded = load_aligner(
+        args.aligner,
+        args.dtype,
+        _say,
+        instead=f"word timestamps are refused (name one with --aligner or ${ALIGNER_ENV})",
+    )
+    if loaded.stop:
+        return EXIT_USAGE
+    if loaded.model is None:
+        return model, None, f"the forced aligner {_model_id(loaded.source)} could not be loaded"
+    return model, loaded.model, None
 
 
 def _serve(args: argparse.Namespace, exiting: bool) -> int:
@@ -322,12 +321,10 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
 
         import uvicorn
 
-        from mlx_qwen3asr.audio.vad import VadOptions
         from mlx_qwen3asr.pipeline.engine import Engine
         from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
 
-        vad = VadOptions(threshold=args.vad_threshold or VadOptions.threshold) if args.vad else False
-        engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad)
+        engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad_options(args) or False)
         api_key = args.api_key
         app = create_app(
             engine,
@@ -367,10 +364,6 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
             engine.close()
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise _Terminated()
-
-
 def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     """Run `mlxasr serve` with the given arguments (default: sys.argv[1:]); returns the exit status.
 
@@ -380,23 +373,22 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        if args.vad_threshold is not None and not args.vad:
-            parser.error("argument --vad-threshold: has no effect with --no-vad")
+        check_vad(parser, args)
     except SystemExit as e:  # usage errors and --help
-        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
+        return exit_status(e)
     try:
         args.api_key = _api_key(args.api_key)
     except ValueError as e:
         _error(str(e))
         return EXIT_USAGE
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
     try:
         return _serve(args, exiting)
     except KeyboardInterrupt:
         print("mlxasr serve: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except _Terminated:
+    except Terminated:
         print("mlxasr serve: terminated", file=sys.stderr)
         return EXIT_TERMINATED
     finally:

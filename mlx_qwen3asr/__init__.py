@@ -19,7 +19,7 @@ from mlx_qwen3asr.checkpoints.loading import ASRModel, ModelLoadError, WrongMode
 from mlx_qwen3asr.pipeline.alignment import align  # noqa: E402
 from mlx_qwen3asr.pipeline.scheduler import InputResult, transcribe_stream  # noqa: E402
 from mlx_qwen3asr.pipeline.transcribe import Segment, Transcription, transcribe  # noqa: E402
-from mlx_qwen3asr.text.prompt import SUPPORTED_LANGUAGES  # noqa: E402
+from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES  # noqa: E402
 
 __version__ = "0.1.0"
 

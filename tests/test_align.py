@@ -85,22 +85,25 @@ def test_aligning_with_a_speech_model_is_refused(checkpoints):
 
 
 def scripted_decoding(monkeypatch, model, texts):
-    """Make the speech model 'say' the given texts (random weights never end a sentence themselves)."""
+    """Parts with which the speech model 'says' the given texts (random weights never end a sentence
+    themselves)."""
     from scripted import script_batches
 
     queue = list(texts)
-    script_batches(
-        monkeypatch, lambda prompt: model.tokenizer.encode(f"language English<asr_text>{queue.pop(0)}")
-    )
+    return script_batches(
+        lambda prompt: model.tokenizer.encode(f"language English<asr_text>{queue.pop(0)}")
+    ).parts()
 
 
 def test_transcribe_with_an_aligner_times_the_words(checkpoints, monkeypatch):
     model = mlx_qwen3asr.load(checkpoints("tiny"))
     aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
     texts = ["So the first thing, I want to talk about today.", "Is the budget for next year!"]
-    scripted_decoding(monkeypatch, model, texts)
+    parts = scripted_decoding(monkeypatch, model, texts)
     wav = test_signal(50.0, seed=8)
-    result = mlx_qwen3asr.transcribe(model, wav, aligner=aligner, max_segment_seconds=30.0, vad=False)
+    result = mlx_qwen3asr.transcribe(
+        model, wav, aligner=aligner, max_segment_seconds=30.0, vad=False, parts=parts
+    )
     assert [s.text for s in result.segments] == texts
     for seg in result.segments:
         assert seg.timing == "aligned"
@@ -124,8 +127,10 @@ def test_unsupported_language_keeps_estimated_timing_and_says_so(checkpoints, mo
     model = mlx_qwen3asr.load(checkpoints("tiny"))
     aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"))
 
-    script_batches(monkeypatch, lambda prompt: model.tokenizer.encode("language Thai<asr_text>สวัสดีครับ"))
-    result = mlx_qwen3asr.transcribe(model, test_signal(4.0, seed=1), aligner=aligner, vad=False)
+    thai = script_batches(lambda prompt: model.tokenizer.encode("language Thai<asr_text>สวัสดีครับ"))
+    result = mlx_qwen3asr.transcribe(
+        model, test_signal(4.0, seed=1), aligner=aligner, vad=False, parts=thai.parts()
+    )
     (seg,) = result.segments
     assert seg.timing == "estimated" and seg.words == []
     assert result.warnings == [

@@ -25,13 +25,13 @@ from mlx_qwen3asr.audio.features import (
     N_MELS,
     SAMPLE_RATE,
     AudioError,
-    audio_token_count,
     log_mel_spectrogram,
     mel_filters,
     mel_frame_count,
     prepare_audio,
 )
 from mlx_qwen3asr.audio.files import AudioTooLong, load_audio, probe_seconds, read_audio
+from mlx_qwen3asr.model.config import AudioConfig, conv_output_length
 
 MEL_TOL = 1e-4
 
@@ -150,14 +150,13 @@ def test_token_count_matches_official():
     lengths = np.arange(0, 3000)
     want_np = official(lengths)
     want_torch = official(torch.arange(0, 3000)).numpy()
-    ours = np.array([audio_token_count(int(n)) for n in lengths])
+    config = AudioConfig()
+    ours = np.array([config.audio_tokens(int(n)) for n in lengths])
     np.testing.assert_array_equal(ours, want_np)
     np.testing.assert_array_equal(ours, want_torch)
-    # Whole 100-frame windows give 13 tokens each and no remainder tokens.
-    assert audio_token_count(100) == 13
-    assert audio_token_count(3000) == 390
-    with pytest.raises(ValueError):
-        audio_token_count(-1)
+    # Whole 100-frame chunks give 13 tokens each and no remainder tokens.
+    assert config.audio_tokens(100) == 13 == conv_output_length(100)
+    assert config.audio_tokens(3000) == 390
 
 
 def test_mel_filters_match_reference(extractor):

@@ -21,10 +21,10 @@ import webvtt
 from reference import test_signal
 
 import mlx_qwen3asr.audio.files as audio_module
-import mlx_qwen3asr.cli.main as cli_main
+import mlx_qwen3asr.cli.models as cli_models
 from mlx_qwen3asr.cli.main import main
-from mlx_qwen3asr.outputs.cues import text_width
 from mlx_qwen3asr.outputs.folder import find_inputs, is_up_to_date, output_stem, plan_jobs
+from mlx_qwen3asr.outputs.wrapping import text_width
 
 ALL = ["--txt", "--srt", "--vtt", "--json"]
 SRT_TIMING = re.compile(r"^\d{2,}:[0-5]\d:[0-5]\d,\d{3} --> \d{2,}:[0-5]\d:[0-5]\d,\d{3}$")
@@ -415,7 +415,7 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
 def test_usage_errors_exit_2_before_the_model_or_any_file_is_touched(tmp_path, ckpt, capsys, monkeypatch):
     src = write_audio(tmp_path / "x.wav", 1.0, 1)
     loads = []
-    monkeypatch.setattr(cli_main, "load", lambda *a, **k: loads.append(a) or pytest.fail("model loaded"))
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: loads.append(a) or pytest.fail("model loaded"))
 
     assert main(["--no-vad", str(src), "--language", "Klingon"]) == 2
     assert "unsupported language 'Klingon'" in capsys.readouterr().err
@@ -601,7 +601,7 @@ def test_output_paths_do_not_depend_on_the_order_of_the_arguments(tmp_path, ckpt
 
 def test_arguments_whose_outputs_would_share_a_path_are_a_usage_error(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli_main, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     for name in ("A/x.wav", "B/x.wav", "p/rec/a.wav", "q/rec/a.wav"):
         write_audio(Path(name), 1.0, 1)
     for args, message in (

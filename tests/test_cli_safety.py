@@ -22,12 +22,15 @@ import httpx
 import pytest
 from test_cli import ALL, check_outputs, errors_for, temporaries, write_audio
 
-import mlx_qwen3asr.cli.main as cli_main
+import mlx_qwen3asr.cli.models as cli_models
+import mlx_qwen3asr.cli.reporter as cli_reporter
+import mlx_qwen3asr.cli.run as cli_run
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.outputs import render as writers
 from mlx_qwen3asr.outputs.cues import CueOptions
 from mlx_qwen3asr.outputs.folder import find_inputs
-from mlx_qwen3asr.outputs.render import atomic_write_files
+from mlx_qwen3asr.runtime import atomic
+from mlx_qwen3asr.runtime.atomic import atomic_write_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUR_TEMP = re.compile(r"^\.(.+)\.mlxasr-(\d+)-[0-9a-z]+\.tmp$", re.S)
@@ -41,7 +44,7 @@ def ckpt(checkpoints) -> str:
 @pytest.fixture
 def no_model(monkeypatch):
     """Fails the test if the model is loaded."""
-    monkeypatch.setattr(cli_main, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
 def lines_with(text: str, fragment: str) -> list[str]:
@@ -155,14 +158,14 @@ def test_dry_run_shows_the_keep_and_skip_decisions(tmp_path, capsys, no_model):
 def test_an_output_that_appears_during_transcription_is_not_replaced(tmp_path, ckpt, capsys, monkeypatch):
     talk = write_audio(tmp_path / "talk.wav", 1.5, 1)
     other = tmp_path / "talk.srt"
-    real_stream = cli_main.transcribe_stream
+    real_stream = cli_run.transcribe_stream
 
     def stream_with_a_racing_writer(*args, **kwargs):
         for res in real_stream(*args, **kwargs):
             other.write_text("written by another run meanwhile\n", encoding="utf-8")
             yield res
 
-    monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_a_racing_writer)
+    monkeypatch.setattr(cli_run, "transcribe_stream", stream_with_a_racing_writer)
     assert main(["--no-vad", str(talk), "--srt", "--txt", "--model", ckpt]) == 0
     out = capsys.readouterr().out
     assert other.read_text(encoding="utf-8") == "written by another run meanwhile\n"
@@ -181,7 +184,7 @@ def test_no_replace_write_keeps_a_file_created_between_check_and_rename(tmp_path
             b.write_text("theirs\n", encoding="utf-8")
         return real_link(src, dst, **kwargs)
 
-    monkeypatch.setattr(writers.os, "link", link_after_someone_else)
+    monkeypatch.setattr(atomic.os, "link", link_after_someone_else)
     kept = atomic_write_files({a: "ours a\n", b: "ours b\n"}, replace=False)
     assert kept == [b]
     assert a.read_text(encoding="utf-8") == "ours a\n" and b.read_text(encoding="utf-8") == "theirs\n"
@@ -196,7 +199,7 @@ def test_no_replace_write_without_hard_links_falls_back_to_check_and_rename(tmp_
     def no_links(src, dst, **kwargs):
         raise OSError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(writers.os, "link", no_links)
+    monkeypatch.setattr(atomic.os, "link", no_links)
     assert atomic_write_files({a: "ours\n", b: "ours\n"}, replace=False) == [b]
     assert a.read_text(encoding="utf-8") == "ours\n" and b.read_text(encoding="utf-8") == "theirs\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.vtt", "b.vtt"]
@@ -258,13 +261,13 @@ def test_a_mirrored_folder_that_cannot_be_made_fails_its_files_before_the_model_
     (out / "rec").mkdir(parents=True)
     (out / "rec" / "sub").write_text("a file where the mirrored folder would go\n", encoding="utf-8")
     errors_at_load = []
-    real_load = cli_main.load
+    real_load = cli_models.load
 
     def load(*args, **kwargs):
         errors_at_load.append(capsys.readouterr().err)
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(cli_main, "load", load)
+    monkeypatch.setattr(cli_models, "load", load)
     assert main(["--no-vad", str(tmp_path / "rec"), "--srt", "-o", str(out), "--model", ckpt]) == 1
     cap = capsys.readouterr()
     before_load, _ = errors_at_load  # the model, then the aligner (subtitles time their words)
@@ -339,14 +342,14 @@ def test_an_output_name_too_long_for_the_file_system_fails_before_the_model_load
     long = write_audio(tmp_path / ("x" * 251 + ".wav"), 1.0, 1)  # a 255-byte name: .json takes 256
     short = write_audio(tmp_path / "short.wav", 1.0, 2)
     loaded = []
-    real_load = cli_main.load
+    real_load = cli_models.load
 
     def load(*args, **kwargs):
         loaded.append(capsys.readouterr().err)
         return real_load(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli_main, "load", load)
+        patch.setattr(cli_models, "load", load)
         assert main(["--no-vad", str(long), str(short), "--txt", "--json", "--model", ckpt]) == 1
     cap = capsys.readouterr()
     (before_load,) = loaded
@@ -364,11 +367,11 @@ def test_an_output_name_too_long_for_the_file_system_fails_before_the_model_load
 
 KILLED_WRITER = """
 import os, signal, sys
-from mlx_qwen3asr.outputs import render as writers
+from mlx_qwen3asr.runtime import atomic
 def die(fd):
     os.kill(os.getpid(), signal.SIGKILL)
-writers.os.fsync = die
-writers.atomic_write_text(sys.argv[1], "half a subtitle file")
+atomic.os.fsync = die
+atomic.atomic_write_text(sys.argv[1], "half a subtitle file")
 """
 
 
@@ -416,7 +419,7 @@ def test_our_temporary_names_carry_the_pid_and_are_removed_on_failure(tmp_path, 
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(fd)
 
-    monkeypatch.setattr(writers.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
     with pytest.raises(OSError, match="No space"):
         atomic_write_files({tmp_path / "x.srt": "a\n", tmp_path / "x.vtt": "b\n"}, replace=False)
     assert seen and all(OUR_TEMP.match(n) and f"mlxasr-{os.getpid()}-" in n for n in seen), seen
@@ -588,15 +591,15 @@ def test_sigterm_stops_cleanly_with_status_143(tmp_path, ckpt):
 
 def test_signals_during_the_interrupt_handling_are_ignored_until_the_summary(tmp_path, capsys, monkeypatch):
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
-    monkeypatch.setattr(cli_main, "load", lambda *args, **kwargs: object())
-    monkeypatch.setattr(cli_main, "require_kind", lambda *args: None)
+    monkeypatch.setattr(cli_models, "load", lambda *args, **kwargs: object())
+    monkeypatch.setattr(cli_models, "require_kind", lambda *args: None)
 
     def interrupted_stream(*args, **kwargs):
         signal.raise_signal(signal.SIGINT)  # the first Ctrl-C, while transcribing
         yield from ()
 
-    real_stop = cli_main.Reporter.stop
-    real_summary = cli_main.Reporter.summary
+    real_stop = cli_reporter.Reporter.stop
+    real_summary = cli_reporter.Reporter.summary
 
     def stop(self):
         for _ in range(3):  # more Ctrl-C while the interrupt is being handled
@@ -608,9 +611,9 @@ def test_signals_during_the_interrupt_handling_are_ignored_until_the_summary(tmp
         signal.raise_signal(signal.SIGTERM)
         real_summary(self, s)
 
-    monkeypatch.setattr(cli_main, "transcribe_stream", interrupted_stream)
-    monkeypatch.setattr(cli_main.Reporter, "stop", stop)
-    monkeypatch.setattr(cli_main.Reporter, "summary", summary)
+    monkeypatch.setattr(cli_run, "transcribe_stream", interrupted_stream)
+    monkeypatch.setattr(cli_reporter.Reporter, "stop", stop)
+    monkeypatch.setattr(cli_reporter.Reporter, "summary", summary)
     previous = signal.getsignal(signal.SIGINT)
     assert main(["--no-vad", str(a), "--srt"]) == 130
     assert signal.getsignal(signal.SIGINT) is previous
@@ -702,7 +705,7 @@ def test_ranges_are_stated_in_help(capsys):
 def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, monkeypatch):
     a = write_audio(tmp_path / "a.wav", 1.5, 1)
     b = write_audio(tmp_path / "b.wav", 1.5, 2)
-    real_stream = cli_main.transcribe_stream
+    real_stream = cli_run.transcribe_stream
     messages = ["decoded 0.8 s of 1.5 s stated in the header; the file looks truncated", "second note"]
 
     def stream_with_warnings(*args, **kwargs):
@@ -713,7 +716,7 @@ def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, 
                 res.transcription.warnings = list(messages)  # the field Transcription is gaining
             yield res
 
-    monkeypatch.setattr(cli_main, "transcribe_stream", stream_with_warnings)
+    monkeypatch.setattr(cli_run, "transcribe_stream", stream_with_warnings)
     assert main(["--no-vad", str(a), str(b), "--srt", "--model", ckpt]) == 0
     cap = capsys.readouterr()
     assert lines_with(cap.err, "warning:") == [f"warning: {a}: {m}" for m in messages]

@@ -3,6 +3,7 @@ a missing or wrong aligner is handled as the README says."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import soundfile as sf
 import srt
 import webvtt
 from reference import test_signal
-from scripted import script_batches
+from scripted import script_batches, through_cli
 from test_word_cues import check_word_cues
 
-import mlx_qwen3asr.cli.main as cli_main
+import mlx_qwen3asr.cli.models as cli_models
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.outputs.cues import CueOptions, build_cues
 from mlx_qwen3asr.pipeline.result import Segment, Word
@@ -33,9 +34,10 @@ def scripted(checkpoints, monkeypatch):
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
     queue = list(SAID)
-    script_batches(
-        monkeypatch, lambda prompt: tok.encode(f"language English<asr_text>{queue.pop(0) if queue else ''}")
+    said = script_batches(
+        lambda prompt: tok.encode(f"language English<asr_text>{queue.pop(0) if queue else ''}")
     )
+    through_cli(monkeypatch, batch=said.batch)
     return queue
 
 
@@ -43,7 +45,7 @@ def scripted(checkpoints, monkeypatch):
 def paced(monkeypatch):
     """The aligner times words at a speaking pace (random weights put them anywhere, often past the end):
     each word 0.32 s after the previous, 0.25 s long, with a 0.9 s pause after every seventh word."""
-    from mlx_qwen3asr.pipeline import alignment
+    from mlx_qwen3asr.pipeline.alignment import align_segments
 
     def classes(aligner, prompts, features, keep_logits=False):
         out = []
@@ -55,7 +57,7 @@ def paced(monkeypatch):
             out.append(np.array(stamps))
         return out
 
-    monkeypatch.setattr(alignment, "timestamp_classes", classes)
+    through_cli(monkeypatch, align=functools.partial(align_segments, classes=classes))
 
 
 def write_talk(folder: Path, seconds: float = 50.0) -> Path:
@@ -127,7 +129,8 @@ def test_an_unsupported_language_keeps_estimated_timing_and_says_so(
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
 
-    script_batches(monkeypatch, lambda prompt: tok.encode("language Thai<asr_text>สวัสดีครับ ยินดีที่ได้รู้จัก"))
+    thai = script_batches(lambda prompt: tok.encode("language Thai<asr_text>สวัสดีครับ ยินดีที่ได้รู้จัก"))
+    through_cli(monkeypatch, batch=thai.batch)
     talk = write_talk(tmp_path, 5.0)
     assert main(["--no-vad", str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     err = capsys.readouterr().err
@@ -176,9 +179,9 @@ def test_the_default_aligner_missing_means_one_warning_and_estimated_timing(
 
 def test_transcripts_alone_do_not_load_the_aligner(tmp_path, checkpoints, monkeypatch, capsys):
     loaded = []
-    real_load = cli_main.load
+    real_load = cli_models.load
     monkeypatch.setattr(
-        cli_main, "load", lambda path, **kw: loaded.append(str(path)) or real_load(path, **kw)
+        cli_models, "load", lambda path, **kw: loaded.append(str(path)) or real_load(path, **kw)
     )
     talk = write_talk(tmp_path, 3.0)
     assert main(["--no-vad", str(talk), "--txt", "--json", "--model", str(checkpoints("tiny"))]) == 0

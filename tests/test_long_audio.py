@@ -15,7 +15,8 @@ from reference import test_signal
 import mlx_qwen3asr
 from mlx_qwen3asr.audio import files as decode
 from mlx_qwen3asr.audio.cutting import segment_audio, split_on_silence
-from mlx_qwen3asr.audio.files import ArraySignal, FileSignal, read_audio
+from mlx_qwen3asr.audio.files import read_audio
+from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal
 from mlx_qwen3asr.outputs.cues import frame_energy_db
 
 

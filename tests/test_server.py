@@ -4,6 +4,7 @@ that go away, checked over plain HTTP."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,14 +24,14 @@ import srt
 import uvicorn
 import webvtt
 from reference import test_signal
-from scripted import script_batches, spy_batches
+from scripted import Swappable, script_batches, spy_batches
 
 import mlx_qwen3asr
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.outputs.cues import build_cues
 from mlx_qwen3asr.outputs.render import render
-from mlx_qwen3asr.pipeline import alignment, scheduler
+from mlx_qwen3asr.pipeline.alignment import align_segments
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
 from mlx_qwen3asr.serve.app import create_app, uvicorn_config
 
@@ -38,6 +39,9 @@ KEY = "test-key-9f2c"
 MODEL_ID = "qwen3-asr-tiny"
 LIMIT = 2 * 1024 * 1024  # --max-upload-mb 2
 SAID = "So the first thing I want to talk about today, is the budget for next year."
+# The stages of the module's engine, which a test may swap (a budget, a scripted batch, a paced aligner);
+# transcriptions it compares with use them too.
+STAGES = Swappable()
 
 
 # --- the server -----------------------------------------------------------------------------------
@@ -99,7 +103,7 @@ def aligner(checkpoints):
 @pytest.fixture(scope="module")
 def served(model, aligner, tmp_path_factory):
     uploads = tmp_path_factory.mktemp("uploads")
-    engine = Engine(model, aligner=aligner, vad=False)
+    engine = Engine(model, aligner=aligner, vad=False, parts=STAGES.parts)
     app = create_app(engine, model_id=MODEL_ID, api_key=KEY, max_upload_bytes=LIMIT, upload_dir=uploads)
     s = Served(app, engine, uploads)
     yield s
@@ -123,7 +127,7 @@ def server(served):
 def short_budgets(monkeypatch):
     """Random weights never stop: a small budget per segment, no loop check (fast, and batch-independent)."""
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 6 + int(3 * seconds))
+    monkeypatch.setattr(STAGES, "budget", lambda seconds: 6 + int(3 * seconds))
 
 
 def wav_file(folder: Path, seconds: float, seed: int = 0, name: str | None = None) -> Path:
@@ -147,7 +151,7 @@ def paced(monkeypatch):
             np.array([c for i in range(len(p.timestamps) // 2) for c in (4 * i, 4 * i + 3)]) for p in prompts
         ]
 
-    monkeypatch.setattr(alignment, "timestamp_classes", classes)
+    monkeypatch.setattr(STAGES, "align", functools.partial(align_segments, classes=classes))
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -163,7 +167,7 @@ def error_of(response: httpx.Response) -> dict:
 
 def test_every_response_format_parses_with_the_openai_client(server, model, short_budgets, tmp_path):
     path = wav_file(tmp_path, 3.0, seed=1)
-    alone = mlx_qwen3asr.transcribe(model, str(path), vad=False)
+    alone = mlx_qwen3asr.transcribe(model, str(path), vad=False, parts=STAGES.parts)
     assert alone.text  # random weights say something
     client = server.client()
 
@@ -201,7 +205,7 @@ def test_every_response_format_parses_with_the_openai_client(server, model, shor
 
 
 def test_verbose_json_with_word_and_segment_timestamps(server, model, aligner, monkeypatch, paced, tmp_path):
-    script_batches(monkeypatch, said(model.tokenizer))
+    monkeypatch.setattr(STAGES, "batch", script_batches(said(model.tokenizer)).batch)
     path = wav_file(tmp_path, 6.0, seed=2)
     with open(path, "rb") as f:
         verbose = server.client().audio.transcriptions.create(
@@ -211,7 +215,9 @@ def test_verbose_json_with_word_and_segment_timestamps(server, model, aligner, m
             timestamp_granularities=["word", "segment"],
             language="en",
         )
-    alone = mlx_qwen3asr.transcribe(model, str(path), language="en", aligner=aligner, vad=False)
+    alone = mlx_qwen3asr.transcribe(
+        model, str(path), language="en", aligner=aligner, vad=False, parts=STAGES.parts
+    )
     assert isinstance(verbose, openai.types.audio.TranscriptionVerbose)
     assert verbose.language == "english" and verbose.text == SAID and verbose.duration == pytest.approx(6.0)
     assert [w.word for w in verbose.words] == SAID.split()
@@ -231,12 +237,12 @@ def test_verbose_json_with_word_and_segment_timestamps(server, model, aligner, m
 
 
 def test_srt_and_vtt_with_word_timestamps_use_word_cues(server, model, aligner, monkeypatch, paced, tmp_path):
-    script_batches(monkeypatch, said(model.tokenizer))
+    monkeypatch.setattr(STAGES, "batch", script_batches(said(model.tokenizer)).batch)
     path = wav_file(tmp_path, 8.0, seed=3)
     audio = mlx_qwen3asr.load_audio(path)
-    timed = mlx_qwen3asr.transcribe(model, str(path), aligner=aligner, vad=False)
+    timed = mlx_qwen3asr.transcribe(model, str(path), aligner=aligner, vad=False, parts=STAGES.parts)
     word_cues = build_cues(timed.segments, audio, duration=timed.duration)
-    plain = mlx_qwen3asr.transcribe(model, str(path), vad=False)
+    plain = mlx_qwen3asr.transcribe(model, str(path), vad=False, parts=STAGES.parts)
     estimated = build_cues(plain.segments, audio, duration=plain.duration)
     assert render("srt", timed, word_cues) != render("srt", plain, estimated)
     client = server.client()
@@ -253,7 +259,7 @@ def test_srt_and_vtt_with_word_timestamps_use_word_cues(server, model, aligner, 
 
 def test_streaming_sends_a_delta_per_segment_then_the_whole_text(server, model, short_budgets, tmp_path):
     path = wav_file(tmp_path, 40.0, seed=4)
-    alone = mlx_qwen3asr.transcribe(model, str(path), vad=False)
+    alone = mlx_qwen3asr.transcribe(model, str(path), vad=False, parts=STAGES.parts)
     assert len([s for s in alone.segments if s.text.strip()]) == 2
     with open(path, "rb") as f:
         stream = server.client().audio.transcriptions.create(model="m", file=f, stream=True)
@@ -465,9 +471,10 @@ def test_concurrent_clients_each_get_what_their_file_gives_alone(
     server, model, monkeypatch, short_budgets, tmp_path
 ):
     paths = [wav_file(tmp_path, 1.0 + 1.5 * i, seed=10 + i) for i in range(12)]
-    alone = [mlx_qwen3asr.transcribe(model, str(p), vad=False).text for p in paths]
+    alone = [mlx_qwen3asr.transcribe(model, str(p), vad=False, parts=STAGES.parts).text for p in paths]
     assert len(set(alone)) == len(alone)
-    record = spy_batches(monkeypatch)
+    record = spy_batches()
+    monkeypatch.setattr(STAGES, "batch", record.batch)
     texts: list[str | None] = [None] * len(paths)
     errors = []
     start = threading.Barrier(len(paths))
@@ -531,7 +538,7 @@ class Gate:
                 for k in keys:
                     self.rows.pop(k, None)
 
-        monkeypatch.setattr(scheduler, "DecodeBatch", Gated)
+        monkeypatch.setattr(STAGES, "batch", Gated)
 
     def record_jobs(self, monkeypatch, engine: Engine) -> None:
         real = engine.submit

@@ -26,9 +26,8 @@ from test_server import read_response
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.model import generate
-from mlx_qwen3asr.pipeline import scheduler
 from mlx_qwen3asr.pipeline.engine import Engine
-from mlx_qwen3asr.serve import app as server_module
+from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
 
 KEY = "hostile-key-51c0"
@@ -41,8 +40,10 @@ BOUNDARY = "b0undaryHostile"
 class Served:
     """create_app(...) run by uvicorn, with the connection limits given, on a free loopback port."""
 
-    def __init__(self, model, upload_dir: Path, limits: ConnectionLimits, **options):
-        self.engine = Engine(model, vad=False)
+    def __init__(
+        self, model, upload_dir: Path, limits: ConnectionLimits, parts: Parts | None = None, **options
+    ):
+        self.engine = Engine(model, vad=False, parts=parts)
         self.upload_dir = upload_dir
         options.setdefault("api_key", KEY)
         self.app = create_app(self.engine, model_id="tiny", upload_dir=upload_dir, **options)
@@ -81,9 +82,9 @@ def model(checkpoints):
 
 @pytest.fixture
 def short_budgets(monkeypatch):
-    """Random weights never stop: a small budget per segment, no loop check."""
+    """Random weights never stop: no loop check, and the engine's parts give a small budget per segment."""
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
-    monkeypatch.setattr(scheduler, "token_budget", lambda seconds: 4 + int(seconds))
+    return Parts(budget=lambda seconds: 4 + int(seconds))
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def serve(model, tmp_path, short_budgets):
     def start(limits: ConnectionLimits | None = None, **options) -> Served:
         folder = tmp_path / f"uploads-{len(started)}"
         folder.mkdir()
-        s = Served(model, folder, limits or ConnectionLimits(), **options)
+        s = Served(model, folder, limits or ConnectionLimits(), short_budgets, **options)
         started.append(s)
         return s
 
@@ -285,7 +286,7 @@ def test_a_full_disk_is_507_and_names_no_server_path(serve, monkeypatch):
     def full(path, data, created):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(server_module, "_write", full)
+    monkeypatch.setattr(server.app.state.server, "write_upload", full)
     r = server.post(wav_bytes(1.0))
     assert r.status_code == 507
     err = error_of(r.text)
@@ -299,7 +300,7 @@ def test_a_full_disk_is_507_and_names_no_server_path(serve, monkeypatch):
     def no_room(path, max_seconds=None):
         raise AudioError(path, f"no room for the decoded audio in {tempfile.gettempdir()} (No space left)")
 
-    monkeypatch.setattr(server_module, "read_audio", no_room, raising=False)
+    monkeypatch.setattr(server.app.state.server, "read_audio", no_room)
     r = server.post(wav_bytes(1.0))
     assert r.status_code == 507 and error_of(r.text)["code"] == "insufficient_storage"
     for secret in (str(server.upload_dir), "upload-", tempfile.gettempdir()):

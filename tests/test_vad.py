@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-from scripted import script_batches
+from scripted import script_batches, through_cli
 
 from mlx_qwen3asr.audio import vad
 from mlx_qwen3asr.audio.cutting import Span, split_speech
@@ -156,9 +156,9 @@ def said(checkpoints, monkeypatch):
     from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(checkpoints("tiny"))
-    return script_batches(
-        monkeypatch, lambda prompt: tok.encode("language English<asr_text>Something was said here.")
-    )
+    record = script_batches(lambda prompt: tok.encode("language English<asr_text>Something was said here."))
+    through_cli(monkeypatch, batch=record.batch)
+    return record
 
 
 def run(tmp_path, audio, *flags, name="talk"):
@@ -265,12 +265,12 @@ def test_the_api_reports_speech_regions(sound, checkpoints, said):
 
     model = load(checkpoints("tiny"))
     audio, truth = sound
-    result = transcribe(model, audio)
+    result = transcribe(model, audio, parts=said.parts())
     assert result.speech is not None and len(result.speech) == len(truth)
     assert all(truth[0][0] / RATE - 0.5 <= s.start for s in result.segments[:1])
-    off = transcribe(model, audio, vad=False)
+    off = transcribe(model, audio, vad=False, parts=said.parts())
     assert off.speech is None and off.segments[0].start == 0.0
-    quiet = transcribe(model, audio, vad=VadOptions(threshold=0.99))
+    quiet = transcribe(model, audio, vad=VadOptions(threshold=0.99), parts=said.parts())
     assert len(quiet.speech) <= len(truth)
 
 
@@ -280,7 +280,7 @@ def test_the_engine_detects_speech_for_every_job(noise_only, sound, checkpoints,
     from mlx_qwen3asr import load
     from mlx_qwen3asr.pipeline.engine import Engine
 
-    engine = Engine(load(checkpoints("tiny")))
+    engine = Engine(load(checkpoints("tiny")), parts=said.parts())
     try:
         noise, talk = engine.submit(noise_only), engine.submit(sound[0])
         empty, spoken = noise.result(timeout=120), talk.result(timeout=120)

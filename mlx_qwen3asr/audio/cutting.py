@@ -62,7 +62,7 @@ def _quietest_sample(region: np.ndarray, win: int) -> int:
 
 
 def _read(audio, start: int, stop: int) -> np.ndarray:
-    """Samples [start, stop) of an array, or of a decoded signal (decode.Signal) read by range."""
+    """Samples [start, stop) of an array, or of a decoded signal (audio.signal.Signal) read by range."""
     return audio.read(start, stop) if hasattr(audio, "read") else audio[start:stop]
 
 

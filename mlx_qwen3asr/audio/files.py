@@ -44,9 +44,12 @@ from mlx_qwen3asr.audio.features import (
     prepare_audio,
     sample_rate_problem,
 )
+from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
+from mlx_qwen3asr.audio.wav import RateRefused, declared_frames, sound_input
+from mlx_qwen3asr.runtime.messages import one_line
 
-# Peak below which a file is treated as silence (-80 dBFS): nothing to transcribe.
-SILENCE_PEAK = 1e-4
+# The longest decoder or system message quoted in an error.
+MESSAGE_LIMIT = 200
 # Bytes per second assumed for a compressed file whose length cannot be read cheaply (128 kbit/s).
 _ASSUMED_BYTES_PER_SECOND = 16_000
 
@@ -57,8 +60,6 @@ TRUNCATION_SECONDS = 0.5
 # Frames per decoded block (fewer for files of more than 8 channels), and about the most samples one
 # resampling step produces: memory is bounded by a block whatever the rates and channel count.
 DECODE_BLOCK = 1 << 16
-# RIFF chunks walked looking for "fmt " and "data" before giving up on a header.
-_MAX_WAV_CHUNKS = 1024
 # Sun AU encoding code for 32-bit IEEE float samples.
 _AU_FLOAT32 = 6
 _FFMPEG_HINT = "install it with 'brew install ffmpeg' (macOS) or your package manager"
@@ -70,70 +71,6 @@ _CAPTURE_LOCK = threading.Lock()
 # --------------------------------------------------------------------------------------------------
 # Decoded samples: in memory, or on disk for long files
 # --------------------------------------------------------------------------------------------------
-
-
-class Signal:
-    """Mono 16 kHz float32 samples, normalised, read by range. `len()` is the number of samples."""
-
-    num_samples: int = 0
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        x = self.samples()
-        return x if dtype is None else x.astype(dtype)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def samples(self) -> np.ndarray:
-        """All of it in memory (for API callers that want an array)."""
-        return self.read(0, self.num_samples)
-
-    def blocks(self, size: int = 1 << 20) -> Iterator[np.ndarray]:
-        for start in range(0, self.num_samples, size):
-            yield self.read(start, min(start + size, self.num_samples))
-
-    def peak(self) -> float:
-        return max((float(np.max(np.abs(b))) for b in self.blocks() if b.size), default=0.0)
-
-    def close(self) -> None:
-        pass
-
-
-class ArraySignal(Signal):
-    def __init__(self, samples: np.ndarray):
-        self.array = np.ascontiguousarray(samples, dtype=np.float32)
-        self.num_samples = int(self.array.shape[0])
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        return self.array[max(0, start) : max(0, stop)]
-
-    def samples(self) -> np.ndarray:
-        return self.array
-
-
-class FileSignal(Signal):
-    """Samples in an unnamed temporary file (gone when closed, or when the process ends however it ends)."""
-
-    def __init__(self, file: BinaryIO, num_samples: int, peak: float):
-        self.file, self.num_samples = file, num_samples
-        # As prepare_audio: divided by the peak only when it exceeds full scale.
-        self.scale = np.float32(peak) if peak > 1.0 else None
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        start, stop = max(0, start), min(max(0, stop), self.num_samples)
-        if stop <= start:
-            return np.zeros(0, np.float32)
-        raw = os.pread(self.file.fileno(), 4 * (stop - start), 4 * start)
-        x = np.frombuffer(raw, dtype=np.float32)
-        if self.scale is not None:
-            x = x / self.scale
-        return np.clip(x, -1.0, 1.0)
-
-    def close(self) -> None:
-        self.file.close()
 
 
 class _SignalWriter:
@@ -195,11 +132,6 @@ class _SignalWriter:
 # --------------------------------------------------------------------------------------------------
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _extension(path: str) -> str:
     return os.path.splitext(path)[1].lower().lstrip(".")
 
@@ -225,7 +157,7 @@ def _native_stderr(notes: list[str]) -> Iterator[None]:
             others = []
             for line in sink.read().decode("utf-8", "replace").splitlines():
                 if _NATIVE_CHATTER.search(line):
-                    notes.append(_one_line(line))
+                    notes.append(one_line(line, MESSAGE_LIMIT))
                 elif line.strip():
                     others.append(line)
             if others:
@@ -261,7 +193,9 @@ def _open_regular(path: str) -> BinaryIO:
     except PermissionError:
         raise AudioError(path, "permission denied") from None
     except OSError as e:
-        reason = "symbolic link loop" if e.errno == errno.ELOOP else _one_line(e.strerror or str(e))
+        reason = (
+            "symbolic link loop" if e.errno == errno.ELOOP else one_line(e.strerror or str(e), MESSAGE_LIMIT)
+        )
         raise AudioError(path, reason) from None
     st = os.fstat(fd)
     reason = not_regular_reason(st.st_mode)
@@ -273,113 +207,12 @@ def _open_regular(path: str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-class _RateRefused(AudioError):
-    """A sample rate outside the accepted range (passed on as it is, never retried with ffmpeg)."""
-
-
 class AudioTooLong(AudioError):
     """The audio decodes to more than the caller's limit; decoding stopped there."""
 
     def __init__(self, path: str, seconds: float, limit: float):
         super().__init__(path, f"decodes to more than {limit:g} s of audio")
         self.seconds, self.limit = seconds, limit
-
-
-@dataclass
-class _WavHeader:
-    """What a RIFF/RF64/BW64 WAVE header states (libsndfile reports what is present, or refuses)."""
-
-    riff: bytes
-    rate: int | None = None  # from the "fmt " chunk
-    block_align: int = 0
-    data_offset: int | None = None  # where the data chunk's samples begin
-    data_size: int | None = None  # what the data chunk's header states
-
-
-def _wav_header(f: BinaryIO) -> _WavHeader | None:
-    """The WAVE header's fields, walking its chunks up to the data chunk; None for other files."""
-    fd = f.fileno()
-    head = os.pread(fd, 12, 0)
-    if len(head) < 12 or head[:4] not in (b"RIFF", b"RF64", b"BW64") or head[8:12] != b"WAVE":
-        return None
-    header, pos = _WavHeader(head[:4]), 12
-    for _ in range(_MAX_WAV_CHUNKS):
-        chunk = os.pread(fd, 24, pos)
-        if len(chunk) < 8:
-            break
-        cid, size = chunk[:4], struct.unpack("<I", chunk[4:8])[0]
-        if cid == b"fmt " and len(chunk) >= 22:
-            header.rate = struct.unpack("<I", chunk[12:16])[0]
-            header.block_align = struct.unpack("<H", chunk[20:22])[0]
-        elif cid == b"data":
-            header.data_offset, header.data_size = pos + 8, size
-            break
-        pos += 8 + size + (size & 1)
-    return header
-
-
-def _wav_declared_frames(header: _WavHeader | None) -> int | None:
-    """Frames a RIFF/WAVE header declares in its data chunk, when it states a length."""
-    if header is None or header.riff != b"RIFF" or header.data_size is None or header.block_align == 0:
-        return None
-    # 0 and 0xFFFFFFFF are what streaming writers put when they cannot know the length.
-    if header.data_size in (0, 0xFFFFFFFF):
-        return None
-    return header.data_size // header.block_align
-
-
-def _looks_like_chunk(head: bytes, room: int) -> bool:
-    """Whether 8 bytes are a RIFF chunk header (four ASCII characters, a size that fits in `room`)."""
-    if len(head) < 8 or not all(0x20 <= c < 0x7F for c in head[:4]) or not head[:1].isalnum():
-        return False
-    return 8 + struct.unpack("<I", head[4:8])[0] <= room
-
-
-class _PatchedFile:
-    """A read-only view of an open file with a few bytes replaced, for libsndfile's virtual I/O."""
-
-    def __init__(self, f: BinaryIO, offset: int, data: bytes):
-        self.fd, self.offset, self.data = f.fileno(), offset, data
-        self.size, self.pos = os.fstat(self.fd).st_size, 0
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n is None or n < 0 else n
-        out = bytearray(os.pread(self.fd, n, self.pos))
-        lo, hi = max(self.pos, self.offset), min(self.pos + len(out), self.offset + len(self.data))
-        if lo < hi:
-            out[lo - self.pos : hi - self.pos] = self.data[lo - self.offset : hi - self.offset]
-        self.pos += len(out)
-        return bytes(out)
-
-
-def _sound_input(path: str, f: BinaryIO) -> tuple[BinaryIO | _PatchedFile, _WavHeader | None]:
-    """What to hand libsndfile for an open file, and its WAVE header when it has one.
-
-    An implausible sample rate in a WAVE header is an AudioError before anything is decoded (libsndfile
-    refuses 0 Hz with an unrelated message, and accepts 1 Hz). A RIFF data chunk stating 0 bytes with
-    samples after it, as a recorder that stopped before writing the size leaves it, is read to the end of
-    the file: libsndfile is shown the size 0xFFFFFFFF, which it already reads that way (as ffmpeg does
-    both). Nothing or another chunk after it is a WAV that really is empty.
-    """
-    header = _wav_header(f)
-    if header is None:
-        return f, None
-    if header.rate is not None and (problem := sample_rate_problem(header.rate)) is not None:
-        raise _RateRefused(path, problem)
-    if header.riff == b"RIFF" and header.data_size == 0 and header.block_align > 0:
-        room = os.fstat(f.fileno()).st_size - header.data_offset
-        after = os.pread(f.fileno(), 8, header.data_offset)
-        if room >= header.block_align and not _looks_like_chunk(after, room):
-            return _PatchedFile(f, header.data_offset - 4, struct.pack("<I", 0xFFFFFFFF)), header
-    return f, header
 
 
 def _block_frames(channels: int) -> int:
@@ -403,10 +236,10 @@ class _DecodeFailed(Exception):
 
 
 def _soundfile_source(path: str, f: BinaryIO, notes: list[str]) -> _Source:
-    view, header = _sound_input(path, f)
+    view, header = sound_input(path, f)
     with _native_stderr(notes):
         snd = sf.SoundFile(view)
-    declared = _wav_declared_frames(header) if snd.format == "WAV" else None
+    declared = declared_frames(header) if snd.format == "WAV" else None
     frames = declared if declared is not None else (snd.frames if snd.frames > 0 else None)
     rate = int(snd.samplerate)
     source = _Source(rate, None if frames is None else frames / rate, iter(()), close=snd.close)
@@ -419,7 +252,7 @@ def _soundfile_source(path: str, f: BinaryIO, notes: list[str]) -> _Source:
                 with _native_stderr(notes):
                     block = snd.read(size, dtype="float32", always_2d=True)
             except (sf.LibsndfileError, RuntimeError) as e:
-                reason = _one_line(getattr(e, "error_string", None) or str(e)).strip(" .:")
+                reason = one_line(getattr(e, "error_string", None) or str(e), MESSAGE_LIMIT).strip(" .:")
                 if not got:
                     raise _DecodeFailed(reason) from None
                 source.stopped.append(reason)
@@ -476,14 +309,16 @@ def _ffmpeg_source(path: str, ffmpeg: str) -> _Source:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
     except OSError as e:
         errors.close()
-        raise AudioError(path, f"could not run ffmpeg ({_one_line(str(e))})") from None
+        raise AudioError(path, f"could not run ffmpeg ({one_line(e, MESSAGE_LIMIT)})") from None
 
     def complaint() -> tuple[str, str]:
         proc.wait()
         errors.seek(0)
         err = errors.read().decode("utf-8", "replace").replace(url + ": ", "")
         lines = [ln for ln in err.splitlines() if ln.strip()]
-        return err, (_one_line(lines[-1]).rstrip(".") if lines else f"exit status {proc.returncode}")
+        return err, (
+            one_line(lines[-1], MESSAGE_LIMIT).rstrip(".") if lines else f"exit status {proc.returncode}"
+        )
 
     def fail() -> AudioError:
         err, reason = complaint()
@@ -575,7 +410,7 @@ def _drain(path: str, source: _Source, max_seconds: float | None = None) -> tupl
     frames = 0
     try:
         if (problem := sample_rate_problem(source.rate)) is not None:
-            raise _RateRefused(path, problem)
+            raise RateRefused(path, problem)
         if source.rate != SAMPLE_RATE:
             resampler = soxr.ResampleStream(source.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
         for block in source.blocks:
@@ -633,7 +468,7 @@ def read_audio(path: str | os.PathLike[str], max_seconds: float | None = None) -
                 signal, seconds = _drain(path, source, max_seconds)
             except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
                 # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
-                reason = _one_line(getattr(e, "error_string", None) or str(e)).rstrip(".")
+                reason = one_line(getattr(e, "error_string", None) or str(e), MESSAGE_LIMIT).rstrip(".")
                 if "does not exist or is not a regular file" in reason:
                     # libsndfile's message when its mp3 decoder finds no frames; the file was checked above.
                     reason = "no audio frames found"
@@ -641,7 +476,7 @@ def read_audio(path: str | os.PathLike[str], max_seconds: float | None = None) -
                     try:
                         source = _ffmpeg_source(path, ffmpeg)
                         signal, seconds = _drain(path, source, max_seconds)
-                    except (_RateRefused, AudioTooLong):
+                    except (RateRefused, AudioTooLong):
                         raise
                     except AudioError:
                         raise AudioError(
@@ -706,12 +541,12 @@ def probe_seconds(path: str | os.PathLike[str]) -> float | None:
     notes: list[str] = []
     with f:
         try:
-            view, header = _sound_input(path, f)
+            view, header = sound_input(path, f)
             with _native_stderr(notes):
                 info = sf.info(view)
         except Exception:  # any format or I/O problem, or an implausible rate, just means "unknown"
             return None
-        declared = _wav_declared_frames(header) if info.format == "WAV" else None
+        declared = declared_frames(header) if info.format == "WAV" else None
     frames = declared if declared is not None else info.frames
     if sample_rate_problem(info.samplerate) is None and frames > 0:
         return frames / info.samplerate
@@ -730,20 +565,8 @@ def estimate_duration(path: str | os.PathLike[str]) -> float:
     return st.st_size / _ASSUMED_BYTES_PER_SECOND if stat.S_ISREG(st.st_mode) else 0.0
 
 
-def is_silent(wav) -> bool:
-    """No sample reaches SILENCE_PEAK: digital silence or close to it.
-
-    `wav` is an array or a decoded signal (a Signal, read block by block).
-    """
-    if hasattr(wav, "peak"):
-        return len(wav) == 0 or wav.peak() < SILENCE_PEAK
-    # max and min avoid the full-size temporary that abs() would allocate for long files.
-    return wav.size == 0 or max(float(np.max(wav)), -float(np.min(wav))) < SILENCE_PEAK
-
-
 __all__ = [
     "estimate_duration",
-    "is_silent",
     "ArraySignal",
     "DecodedAudio",
     "FileSignal",

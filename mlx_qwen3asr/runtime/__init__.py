@@ -1,1 +1,2 @@
-"""Where the package runs: the GPU or CPU code path and its settings, and the CPU process setup."""
+"""Where the package runs: the GPU or CPU code path and its settings, the CPU process setup, and
+crash-safe file writing."""

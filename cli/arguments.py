@@ -1,0 +1,286 @@
+"""The `mlxasr` command line: its options, their ranges and defaults, its help and exit statuses."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from mlx_qwen3asr import __version__
+from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.checkpoints.loading import DTYPES
+from mlx_qwen3asr.cli.options import (
+    ALIGNER_ENV,
+    BATCH_SIZE_RANGE,
+    DEFAULT_ALIGNER,
+    DEFAULT_MODEL,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    MODEL_ENV,
+    VAD_THRESHOLD_RANGE,
+    int_in,
+    number_in,
+    span,
+)
+from mlx_qwen3asr.outputs.cue_types import CueOptions
+from mlx_qwen3asr.outputs.render import FORMATS
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
+from mlx_qwen3asr.runtime.backend import tuning
+
+__all__ = ["build_parser", "chosen_formats"]
+
+# Limits of the numeric options. A segment must hold at least one 100-frame (1 s) mel chunk; at
+# 1200 s (the official pipeline's longest input) its audio tokens and token budget still fit well
+# inside the decoder's 65536 positions.
+SEGMENT_SECONDS_RANGE = (1.0, 1200.0)
+CUE_SECONDS_RANGE = (CueOptions.min_duration, 3600.0)
+LINE_WIDTH_RANGE = (10, 1000)
+LINE_COUNT_RANGE = (1, 20)
+PAUSE_SECONDS_RANGE = (0.05, 10.0)
+CUE_GAP_RANGE = (0.0, 1.0)
+CPS_RANGE = (1.0, 100.0)
+WORDS_PER_LINE_RANGE = (1, 100)
+
+DESCRIPTION = """\
+Transcribe audio and video files with Qwen3-ASR on MLX. Folders are searched recursively
+(hidden files skipped). Each output goes beside its input, named like the input without its
+extension ("talk.m4a" -> "talk.srt"), or under --output-dir: each folder argument under its own
+name mirroring its tree ("rec/a/b.wav" -> "DIR/rec/a/b.srt"), each file argument at the top.
+Files whose outputs all exist are skipped, so an interrupted run resumes."""
+
+EPILOG = f"""\
+examples:
+  mlxasr ./recordings --srt
+  mlxasr talk.m4a interview.wav -f srt,vtt,json -o subtitles/
+  mlxasr ./lectures --txt --language en --context-file names.txt
+
+existing outputs:
+  An existing output file is never replaced unless --overwrite is given. A file whose requested
+  outputs all exist is skipped (said so if the input is newer than them); one with some of them
+  missing is transcribed and only the missing ones are written, the others are kept and named.
+  An output that appears while its file is being transcribed is kept too.
+
+exit status:
+  {EXIT_OK}    every file was transcribed, or skipped because its outputs exist
+  {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, FIFO or device,
+       output folder not writable, output name too long or taken by a folder); the other files
+       were still processed, the summary lists the failures
+  {EXIT_USAGE}    usage error (bad option, unknown --language, unreadable --context-file, none of
+       the PATHs exists, files of two PATHs with the same output path), no output folder can be
+       written, the model could not be loaded, or it is a forced aligner rather than a speech
+       recognition model; nothing is written
+  {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
+       are left, and rerunning resumes ({EXIT_TERMINATED} for SIGTERM)
+
+The model is loaded only when there is something to transcribe; the default model can be set
+with the {MODEL_ENV} environment variable."""
+
+
+def _format_list(value: str) -> list[str]:
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("empty format list")
+    for name in names:
+        if name != "all" and name not in FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
+            )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The mlxasr argument parser."""
+    p = argparse.ArgumentParser(
+        prog="mlxasr",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="audio or video files and folders")
+
+    out = p.add_argument_group("output (without a format option, a .txt transcript is written)")
+    for fmt, text in (
+        ("txt", "plain-text transcript, one paragraph per segment"),
+        ("srt", "SubRip subtitles"),
+        ("vtt", "WebVTT subtitles"),
+        ("json", "text, language, segments with flags, cues, model and options"),
+    ):
+        out.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=text)
+    out.add_argument(
+        "-f",
+        "--output-format",
+        dest="format_lists",
+        action="append",
+        type=_format_list,
+        metavar="FMT",
+        help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+    )
+    out.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="write outputs under DIR: a folder argument as DIR/<its name>/<its tree>, a file argument at the top "
+        "(default: beside inputs)",
+    )
+    out.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="transcribe every file and replace its existing outputs (without it, existing outputs are kept)",
+    )
+    out.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
+
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
+        metavar="M",
+        help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
+    )
+    model.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
+    )
+    words = model.add_mutually_exclusive_group()
+    words.add_argument(
+        "--word-timestamps",
+        dest="word_timestamps",
+        action="store_true",
+        default=None,
+        help="time every word with the forced aligner (default: on when SRT or VTT is written)",
+    )
+    words.add_argument(
+        "--no-word-timestamps",
+        dest="word_timestamps",
+        action="store_false",
+        help="estimate cue times from the text and the pauses instead of timing words",
+    )
+    model.add_argument(
+        "--aligner",
+        default=None,
+        metavar="A",
+        help=f"forced aligner checkpoint folder or repo id (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER}); "
+        "loaded only when words are timed",
+    )
+
+    rec = p.add_argument_group("recognition")
+    rec.add_argument(
+        "--language",
+        metavar="L",
+        help="force the language, by name or code (English, en, zh, ...); default: detect per segment",
+    )
+    ctx = rec.add_mutually_exclusive_group()
+    ctx.add_argument("--context", metavar="TEXT", help="text that biases recognition: names, terms, topic")
+    ctx.add_argument("--context-file", type=Path, metavar="F", help="read the --context text from a file")
+    rec.add_argument(
+        "--max-segment-seconds",
+        type=number_in(SEGMENT_SECONDS_RANGE),
+        default=DEFAULT_MAX_SEGMENT_SECONDS,
+        metavar="S",
+        help=f"longest piece of audio given to the model at once, cut at the quietest point "
+        f"({span(SEGMENT_SECONDS_RANGE)}; default: {DEFAULT_MAX_SEGMENT_SECONDS:g})",
+    )
+    rec.add_argument(
+        "--vad",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="speech detection (Silero VAD): only the stretches where someone speaks are transcribed, "
+        "so noise, music and silence give no text (default: on; --no-vad sends all the audio)",
+    )
+    rec.add_argument(
+        "--vad-threshold",
+        type=number_in(VAD_THRESHOLD_RANGE, unit=""),
+        default=None,
+        metavar="P",
+        help=f"speech probability from which audio counts as speech; lower keeps quieter speech and lets in "
+        f"more noise ({span(VAD_THRESHOLD_RANGE)}; default: {VadOptions.threshold:g})",
+    )
+    rec.add_argument(
+        "--batch-size",
+        type=int_in(BATCH_SIZE_RANGE),
+        default=None,
+        metavar="N",
+        help=f"segments decoded together, from one long file or from several files ({span(BATCH_SIZE_RANGE)}; "
+        "default: as many as a quarter of the free memory holds KV caches for, at most "
+        f"{tuning().max_batch}); lower it if memory is short",
+    )
+
+    cues = p.add_argument_group("subtitle cues")
+    defaults = CueOptions()
+    cues.add_argument(
+        "--max-line-width",
+        type=int_in(LINE_WIDTH_RANGE),
+        default=defaults.max_width,
+        metavar="N",
+        help=f"display cells per line; CJK characters count two ({span(LINE_WIDTH_RANGE)}; "
+        f"default: {defaults.max_width})",
+    )
+    cues.add_argument(
+        "--max-line-count",
+        type=int_in(LINE_COUNT_RANGE),
+        default=defaults.max_lines,
+        metavar="N",
+        help=f"lines per cue ({span(LINE_COUNT_RANGE)}; default: {defaults.max_lines})",
+    )
+    cues.add_argument(
+        "--max-cue-seconds",
+        type=number_in(CUE_SECONDS_RANGE),
+        default=defaults.max_duration,
+        metavar="S",
+        help=f"longest time a cue stays on screen, where the text can be split ({span(CUE_SECONDS_RANGE)}; "
+        f"default: {defaults.max_duration:g})",
+    )
+    cues.add_argument(
+        "--highlight-words",
+        action="store_true",
+        help="underline the word being spoken in SRT (<u>) and tag each word's time in VTT (needs word timing)",
+    )
+    cues.add_argument(
+        "--max-words-per-line",
+        type=int_in(WORDS_PER_LINE_RANGE),
+        default=None,
+        metavar="N",
+        help=f"words per subtitle line at most, with word timing ({span(WORDS_PER_LINE_RANGE)}; default: no limit)",
+    )
+    cues.add_argument(
+        "--pause-seconds",
+        type=number_in(PAUSE_SECONDS_RANGE),
+        default=defaults.pause,
+        metavar="S",
+        help=f"a pause between words this long ends a cue ({span(PAUSE_SECONDS_RANGE)}; default: {defaults.pause:g})",
+    )
+    cues.add_argument(
+        "--min-cue-gap",
+        type=number_in(CUE_GAP_RANGE),
+        default=defaults.min_gap,
+        metavar="S",
+        help=f"time between two cues at least, with word timing ({span(CUE_GAP_RANGE)}; default: {defaults.min_gap:g})",
+    )
+    cues.add_argument(
+        "--max-chars-per-second",
+        type=number_in(CPS_RANGE, "characters per second"),
+        default=defaults.max_cps,
+        metavar="N",
+        help=f"reading speed a cue keeps to where the text allows ({span(CPS_RANGE)}; default: {defaults.max_cps:g})",
+    )
+
+    talk = p.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    talk.add_argument(
+        "-v", "--verbose", action="store_true", help="print each segment's text as it is recognised"
+    )
+    p.add_argument("--version", action="version", version=f"mlxasr {__version__}")
+    return p
+
+
+def chosen_formats(args: argparse.Namespace) -> list[str]:
+    """The output formats asked for, in FORMATS order; txt when none is."""
+    chosen = set(args.formats or [])
+    for names in args.format_lists or []:
+        chosen.update(FORMATS if "all" in names else names)
+    return [f for f in FORMATS if f in chosen] or ["txt"]

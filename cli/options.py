@@ -1,0 +1,99 @@
+"""What `mlxasr` and `mlxasr serve` share on their command lines: the model and aligner defaults and the
+environment variables that set them, the exit statuses, the ranges and parsers of the numeric options,
+and the speech detection options."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from mlx_qwen3asr.audio.vad import VadOptions
+
+__all__ = [
+    "ALIGNER_ENV",
+    "BATCH_SIZE_RANGE",
+    "DEFAULT_ALIGNER",
+    "DEFAULT_MODEL",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "MODEL_ENV",
+    "VAD_THRESHOLD_RANGE",
+    "check_vad",
+    "exit_status",
+    "int_in",
+    "number_in",
+    "span",
+    "vad_options",
+]
+
+DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+MODEL_ENV = "MLXASR_MODEL"
+DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
+ALIGNER_ENV = "MLXASR_ALIGNER"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+BATCH_SIZE_RANGE = (1, 256)
+VAD_THRESHOLD_RANGE = (0.01, 0.99)
+
+
+def int_in(limits: tuple[int, int]) -> Callable[[str], int]:
+    """An argparse type: an integer within limits (both included)."""
+    low, high = limits
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {n}")
+        return n
+
+    return parse
+
+
+def number_in(limits: tuple[float, float], unit: str = "seconds") -> Callable[[str], float]:
+    """An argparse type: a finite number within limits (both included), unit naming it in the error."""
+    low, high = limits
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if not (math.isfinite(x) and low <= x <= high):
+            within = f"between {low:g} and {high:g}" + (f" {unit}" if unit else "")
+            raise argparse.ArgumentTypeError(f"must be {within}, got {value}")
+        return x
+
+    return parse
+
+
+def span(limits: tuple[float, float]) -> str:
+    """A range as the help texts give it: "1 to 1200"."""
+    return f"{limits[0]:g} to {limits[1]:g}"
+
+
+def check_vad(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (parser.error) for --vad-threshold given with --no-vad."""
+    if args.vad_threshold is not None and not args.vad:
+        parser.error("argument --vad-threshold: has no effect with --no-vad")
+
+
+def vad_options(args: argparse.Namespace) -> VadOptions | None:
+    """The speech detection that --vad/--no-vad and --vad-threshold ask for; None with --no-vad."""
+    return VadOptions(threshold=args.vad_threshold or VadOptions.threshold) if args.vad else None
+
+
+def exit_status(e: SystemExit) -> int:
+    """The exit status of argparse's SystemExit (usage errors, --help, --version) as main() returns it."""
+    return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)

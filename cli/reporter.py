@@ -1,0 +1,261 @@
+"""What `mlxasr` tells the person running it: a progress bar on a terminal or plain log lines, errors and
+warnings on stderr, and the summary at the end; every message one line that cannot drive the terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from mlx_qwen3asr.outputs.cue_types import format_timestamp
+from mlx_qwen3asr.pipeline.result import Segment
+from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.messages import one_line
+
+__all__ = ["Reporter", "Summary", "duration", "printable"]
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Bidirectional overrides and isolates reorder the text around them on a terminal.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if 0xDC80 <= code <= 0xDCFF:  # a byte of a file name that is not valid UTF-8
+        return f"\\x{code - 0xDC00:02x}"
+    if ch in _BIDI_CONTROLS or unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return ch
+
+
+def printable(text: str) -> str:
+    """text with control characters (newline, tab, ESC, ...), line separators, bidirectional controls
+    and the undecodable bytes of file names written as escapes (\\n, \\t, \\x1b, \\xe9), so that a
+    message stays one line and cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) for ch in text)
+
+
+def duration(s: float) -> str:
+    """Seconds as people read them: "42.0 s", "3:05", "1:02:03"."""
+    if s < 60:
+        return f"{s:.1f} s"
+    m, s = divmod(int(round(s)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+@dataclass
+class Summary:
+    """What a run did, counted as it goes, for the summary at its end."""
+
+    done: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    kept: int = 0  # existing outputs left as they were
+    warned: int = 0  # transcribed files with warnings
+    audio_seconds: float = 0.0
+    work_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    interrupted: bool = False
+    processed: int = 0  # files transcribed or failed in this run
+    remaining: int = 0
+
+    @property
+    def speed(self) -> float:
+        return self.audio_seconds / self.work_seconds if self.work_seconds > 0 else 0.0
+
+
+def _discard_output(stream: TextIO) -> None:
+    """Point a stream whose pipe is closed at the null device, so that flushing it (at exit too)
+    cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+
+
+class _Realtime(ProgressColumn):
+    """Audio seconds per wall-clock second."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:.1f}x realtime" if task.speed else "", style="cyan")
+
+
+class Reporter:
+    """Progress and messages: a rich progress bar on a terminal, plain log lines otherwise,
+    nothing but errors when quiet. Errors and warnings go to stderr."""
+
+    def __init__(self, out: TextIO, err: TextIO, *, quiet: bool = False, verbose: bool = False) -> None:
+        self.out, self.err = out, err
+        self.quiet, self.verbose = quiet, verbose
+        self.console = Console(file=out, highlight=False, soft_wrap=True)
+        self.rich = not quiet and self.console.is_terminal
+        self._progress: Progress | None = None
+        self._task = None
+        self._done_seconds = 0.0
+        self._remaining_estimate = 0.0
+        self._file_estimate = 0.0
+        self._gone: set[int] = set()  # streams whose reader has gone
+
+    def write(self, stream: TextIO, line: str) -> None:
+        """One line to a stream, whatever the mode."""
+        if id(stream) in self._gone:
+            return
+        line = printable(line)
+        try:
+            try:
+                stream.write(line + "\n")
+            except UnicodeEncodeError:
+                enc = getattr(stream, "encoding", None) or "ascii"
+                stream.write(line.encode(enc, "backslashreplace").decode(enc) + "\n")
+            stream.flush()
+        except BrokenPipeError:
+            # The reader went away (`mlxasr ... | head`): the files are still transcribed and written.
+            self._gone.add(id(stream))
+            _discard_output(stream)
+
+    def info(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(Text(printable(line)))
+        else:
+            self.write(self.out, line)
+
+    def _problem(self, kind: str, line: str, style: str) -> None:
+        line = f"{kind}: {line}"
+        if self._progress is not None and self.err.isatty():
+            # Same terminal: print above the live bar instead of tearing through it.
+            self._progress.console.print(Text(printable(line), style=style))
+        else:
+            self.write(self.err, line)
+
+    def error(self, line: str) -> None:
+        self._problem("error", line, "red")
+
+    def warning(self, line: str) -> None:
+        if not self.quiet:
+            self._problem("warning", line, "yellow")
+
+    # Progress over the audio of the files being transcribed.
+
+    def start(self, estimates: Sequence[float]) -> None:
+        self._remaining_estimate = float(sum(estimates))
+        if not self.rich:
+            return
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            _Realtime(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            redirect_stderr=self.err.isatty(),
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("", total=max(self._remaining_estimate, 1e-6))
+
+    def batch_started(self, count: int, batch_size: int | None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=f"0/{count} files")
+        elif batch_size:
+            self.info(f"transcribing {count} file(s), {batch_size} segment(s) at a time")
+        else:
+            self.info(
+                f"transcribing {count} file(s), up to {tuning().max_batch} segments at a time as memory allows"
+            )
+
+    def segment(self, seg: Segment, source: Path | None = None) -> None:
+        """A transcribed segment; source names its file when segments of several files interleave."""
+        if self._progress is not None:
+            self._progress.advance(self._task, seg.end - seg.start)
+        if self.verbose:
+            stamp = f"{format_timestamp(seg.start, '.')} --> {format_timestamp(seg.end, '.')}"
+            where = "" if source is None else f"{source} "
+            self.info(f"  {where}[{stamp}] {one_line(seg.text)}")
+
+    def file_finished(self, finished: int, count: int, estimate: float, actual_seconds: float | None) -> None:
+        """Replace a file's estimated duration by what it really was (None: it failed)."""
+        self._remaining_estimate -= estimate
+        self._done_seconds += actual_seconds or 0.0
+        if self._progress is not None:
+            total = self._done_seconds + self._remaining_estimate
+            self._progress.update(
+                self._task,
+                completed=self._done_seconds,
+                total=max(total, 1e-6),
+                description=f"{finished}/{count} files",
+            )
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def summary(self, s: Summary) -> None:
+        if self.quiet:
+            return
+        hours = s.audio_seconds / 3600
+        if self.rich:
+            table = Table(title="mlxasr summary", show_header=False, title_justify="left")
+            table.add_column(style="bold")
+            table.add_column(justify="right")
+            table.add_row("transcribed", str(s.done))
+            table.add_row("skipped (outputs exist)", str(s.skipped))
+            table.add_row("failed", str(len(s.failed)), style="red" if s.failed else None)
+            if s.interrupted:
+                table.add_row("not finished (interrupted)", str(s.remaining), style="yellow")
+            if s.kept:
+                table.add_row("existing outputs kept", str(s.kept))
+            if s.warned:
+                table.add_row("with warnings", str(s.warned), style="yellow")
+            table.add_row("audio", f"{hours:.2f} h ({duration(s.audio_seconds)})")
+            table.add_row("wall time", duration(s.wall_seconds))
+            table.add_row("speed", f"{s.speed:.1f}x realtime")
+            self.console.print(table)
+            if s.failed:
+                failures = Table(title="failed", title_justify="left")
+                failures.add_column("file", overflow="fold")
+                failures.add_column("reason", overflow="fold")
+                for path, reason in s.failed:
+                    failures.add_row(printable(path), printable(reason))
+                self.console.print(failures)
+            return
+        state = "interrupted" if s.interrupted else "summary"
+        line = f"{state}: {s.done} transcribed, {s.skipped} skipped, {len(s.failed)} failed"
+        if s.interrupted:
+            line += f", {s.remaining} not finished"
+        if s.kept:
+            line += f", {s.kept} existing output(s) kept"
+        if s.warned:
+            line += f", {s.warned} with warnings"
+        line += f"; {hours:.2f} h of audio in {duration(s.wall_seconds)} wall time ({s.speed:.1f}x realtime)"
+        self.write(self.out, line)
+        for path, reason in s.failed:
+            self.write(self.out, f"  failed: {path}: {reason}")

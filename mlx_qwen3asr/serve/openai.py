@@ -1,0 +1,266 @@
+"""OpenAI's /v1/audio/transcriptions: the form's options, the answer in each response_format
+(json, text, srt, vtt, verbose_json) and the server-sent events of a streamed one."""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from mlx_qwen3asr.outputs.cues import build_cues
+from mlx_qwen3asr.outputs.render import render, segment_json
+from mlx_qwen3asr.pipeline.engine import Job
+from mlx_qwen3asr.pipeline.result import Segment, Transcription
+from mlx_qwen3asr.serve.errors import APIError
+from mlx_qwen3asr.serve.uploads import Upload
+from mlx_qwen3asr.text.languages import resolve_language
+from mlx_qwen3asr.text.output import join_texts
+
+__all__ = [
+    "GRANULARITIES",
+    "RESPONSE_FORMATS",
+    "EventStream",
+    "TranscriptionRequest",
+    "parse_request",
+    "render_response",
+]
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
+# What decoding does whatever `temperature` asks: greedy (argmax) tokens.
+DECODING_TEMPERATURE = 0.0
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    response_format: str
+    language: str | None  # canonical name (resolve_language), or None to detect
+    context: str
+    granularities: frozenset[str]
+    stream: bool
+
+    @property
+    def word_timestamps(self) -> bool:
+        """Words are timed when a format that shows them asks for them (a stream shows text only)."""
+        shown = self.response_format in ("verbose_json", "srt", "vtt") and not self.stream
+        return shown and "word" in self.granularities
+
+
+def _flag(value: str | None, name: str) -> bool:
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise APIError(400, f"{name} must be true or false, got {value!r}", param=name)
+
+
+def parse_request(upload: Upload) -> TranscriptionRequest:
+    """The form's options, checked; raises APIError (400) naming the field at fault."""
+    if upload.path is None:
+        raise APIError(400, "missing required field 'file' (the audio to transcribe)", param="file")
+    if not (upload.value("model") or "").strip():
+        raise APIError(400, "missing required field 'model'", param="model")
+    fmt = (upload.value("response_format") or "json").strip().lower()
+    if fmt not in RESPONSE_FORMATS:
+        raise APIError(
+            400,
+            f"unsupported response_format {fmt!r}: use one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+        )
+    try:
+        language = resolve_language(upload.value("language"))
+    except ValueError as e:
+        raise APIError(400, str(e), param="language", code="unsupported_language") from None
+    granularities = upload.fields.get("timestamp_granularities[]", []) + upload.fields.get(
+        "timestamp_granularities", []
+    )
+    chosen = {g.strip().lower() for g in granularities if g.strip()}
+    unknown = sorted(chosen - set(GRANULARITIES))
+    if unknown:
+        raise APIError(
+            400,
+            f"unsupported timestamp granularity {unknown[0]!r}: use segment or word",
+            param="timestamp_granularities[]",
+        )
+    temperature = upload.value("temperature")
+    if temperature is not None and temperature.strip():
+        try:
+            value = float(temperature)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise APIError(400, f"temperature must be a number, got {temperature!r}", param="temperature")
+        # Accepted for compatibility; decoding is greedy whatever it says.
+    return TranscriptionRequest(
+        response_format=fmt,
+        language=language,
+        context=upload.value("prompt") or "",
+        granularities=frozenset(chosen or {"segment"}),
+        stream=_flag(upload.value("stream"), "stream"),
+    )
+
+
+# --- responses ------------------------------------------------------------------------------------
+
+
+def _seconds(x: Any) -> float | None:
+    """Seconds to the millisecond; None for a time that is not a finite number."""
+    return round(float(x), 3) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def _segment_json(
+    k: int, seg: Segment, doc: dict[str, Any], encode: Callable[[str], list[int]]
+) -> dict[str, Any]:
+    """One segment in OpenAI's verbose_json shape, from its segment_json doc. Decoding is greedy and
+    computes no probabilities: avg_logprob and no_speech_prob are 0.0, temperature is 0.0. truncated
+    and repetitive are ours."""
+    return {
+        "id": k,
+        "seek": int(round(seg.start * 100)),  # 10 ms mel frames, as Whisper counts them
+        "start": doc["start"],
+        "end": doc["end"],
+        "text": doc["text"],
+        "tokens": encode(seg.text) if seg.text else [],
+        "temperature": DECODING_TEMPERATURE,
+        "avg_logprob": 0.0,
+        "compression_ratio": _compression_ratio(seg.text),
+        "no_speech_prob": 0.0,
+        "truncated": doc["truncated"],
+        "repetitive": doc["repetitive"],
+    }
+
+
+def _words_json(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The words of every segment, in OpenAI's shape; those without a finite time are left out."""
+    return [
+        {"word": w["text"], "start": w["start"], "end": w["end"]}
+        for doc in docs
+        for w in doc["words"]
+        if w["start"] is not None and w["end"] is not None
+    ]
+
+
+def _usage(result: Transcription) -> dict[str, Any]:
+    return {"type": "duration", "seconds": _seconds(result.duration) or 0.0}
+
+
+def render_response(
+    req: TranscriptionRequest,
+    result: Transcription,
+    wav: Any,
+    encode: Callable[[str], list[int]],
+) -> Response:
+    """The answer in the requested format (CPU work: cues read the audio; run it off the event loop)."""
+    fmt = req.response_format
+    if fmt == "json":
+        return JSONResponse({"text": result.text, "usage": _usage(result)})
+    if fmt == "text":
+        return PlainTextResponse(result.text + "\n")
+    if fmt in ("srt", "vtt"):
+        # Segments with aligned words (asked for with timestamp_granularities[]=word) give word cues.
+        cues = build_cues(result.segments, wav, duration=result.duration)
+        media = "text/vtt" if fmt == "vtt" else "text/plain"
+        return Response(render(fmt, result, cues), media_type=f"{media}; charset=utf-8")
+    language = (result.language or req.language or "").lower()
+    body: dict[str, Any] = {
+        "task": "transcribe",
+        "language": language,
+        "duration": _seconds(result.duration) or 0.0,
+        "text": result.text,
+    }
+    docs = [segment_json(s, round_times=_seconds) for s in result.segments]
+    if "segment" in req.granularities:
+        body["segments"] = [
+            _segment_json(k, s, d, encode) for k, (s, d) in enumerate(zip(result.segments, docs))
+        ]
+    if "word" in req.granularities:
+        body["words"] = _words_json(docs)
+    body["usage"] = _usage(result)
+    return JSONResponse(body)
+
+
+class JobHost(Protocol):
+    """What an event stream needs of the server: its job's segments, their errors, and the end."""
+
+    def segments(self, job: Job) -> Iterator[Segment]: ...
+
+    async def next_segment(self, segments: Iterator[Segment]) -> Segment | None: ...
+
+    def job_error(self, e: BaseException, upload: Upload) -> APIError: ...
+
+    def finish(self, job: Job | None, upload: Upload) -> None: ...
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+class EventStream:
+    """Server-sent events for one job: a `transcript.text.delta` per segment's text as it is decoded,
+    then `transcript.text.done` with the whole text. A client that leaves cancels the job."""
+
+    def __init__(self, server: JobHost, job: Job, upload: Upload, req: TranscriptionRequest, first: Segment):
+        self.server, self.job, self.upload, self.req, self.first = server, job, upload, req, first
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+
+                async def watch() -> None:
+                    # The body has been read: what comes now is the client leaving (or, once the last
+                    # event is sent, the end of the response). Leaving stops the events; finish() then
+                    # cancels the job.
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(watch)
+                await self._send_events(send)
+                tasks.cancel_scope.cancel()
+        finally:
+            self.server.finish(self.job, self.upload)
+
+    async def _send_events(self, send: Send) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        texts: list[str] = []
+        shown = ""
+        segments = self.server.segments(self.job)
+        seg: Segment | None = self.first
+        while seg is not None:
+            if seg.text.strip():
+                texts.append(seg.text)
+                joined = join_texts(texts, self.req.language)
+                delta = joined[len(shown) :] if joined.startswith(shown) else seg.text
+                shown = joined
+                body = _event({"type": "transcript.text.delta", "delta": delta})
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            seg = await self.server.next_segment(segments)
+        try:
+            result = self.job.result(timeout=0)
+            payload = {"type": "transcript.text.done", "text": result.text}
+        except Exception as e:
+            error = self.server.job_error(e, self.upload)
+            payload = {
+                "error": {"message": error.message, "type": error.type, "param": None, "code": error.code}
+            }
+        await send({"type": "http.response.body", "body": _event(payload), "more_body": False})
