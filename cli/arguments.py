@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from mlx_qwen3asr import __version__
-from mlx_qwen3asr.audio.vad import VadOptions
-from mlx_qwen3asr.checkpoints.loading import DTYPES
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
-    BATCH_SIZE_RANGE,
     DEFAULT_ALIGNER,
-    DEFAULT_MODEL,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
     MODEL_ENV,
-    VAD_THRESHOLD_RANGE,
+    add_batch_size,
+    add_model,
+    add_speech_detection,
     int_in,
     number_in,
     span,
@@ -134,18 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
 
     model = p.add_argument_group("model")
-    model.add_argument(
-        "--model",
-        default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
-        metavar="M",
-        help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
-    )
-    model.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default=None,
-        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
-    )
+    add_model(model)
     words = model.add_mutually_exclusive_group()
     words.add_argument(
         "--word-timestamps",
@@ -185,30 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"longest piece of audio given to the model at once, cut at the quietest point "
         f"({span(SEGMENT_SECONDS_RANGE)}; default: {DEFAULT_MAX_SEGMENT_SECONDS:g})",
     )
-    rec.add_argument(
-        "--vad",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="speech detection (Silero VAD): only the stretches where someone speaks are transcribed, "
-        "so noise, music and silence give no text (default: on; --no-vad sends all the audio)",
-    )
-    rec.add_argument(
-        "--vad-threshold",
-        type=number_in(VAD_THRESHOLD_RANGE, unit=""),
-        default=None,
-        metavar="P",
-        help=f"speech probability from which audio counts as speech; lower keeps quieter speech and lets in "
-        f"more noise ({span(VAD_THRESHOLD_RANGE)}; default: {VadOptions.threshold:g})",
-    )
-    rec.add_argument(
-        "--batch-size",
-        type=int_in(BATCH_SIZE_RANGE),
-        default=None,
-        metavar="N",
-        help=f"segments decoded together, from one long file or from several files ({span(BATCH_SIZE_RANGE)}; "
-        "default: as many as a quarter of the free memory holds KV caches for, at most "
-        f"{tuning().max_batch}); lower it if memory is short",
-    )
+    add_speech_detection(rec)
+    add_batch_size(rec, "from one long file or from several files", f", at most {tuning().max_batch}")
 
     cues = p.add_argument_group("subtitle cues")
     defaults = CueOptions()

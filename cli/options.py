@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.checkpoints.loading import DTYPES
 
 __all__ = [
     "ALIGNER_ENV",
@@ -22,6 +24,9 @@ __all__ = [
     "EXIT_USAGE",
     "MODEL_ENV",
     "VAD_THRESHOLD_RANGE",
+    "add_batch_size",
+    "add_model",
+    "add_speech_detection",
     "check_vad",
     "exit_status",
     "int_in",
@@ -81,6 +86,53 @@ def number_in(limits: tuple[float, float], unit: str = "seconds") -> Callable[[s
 def span(limits: tuple[float, float]) -> str:
     """A range as the help texts give it: "1 to 1200"."""
     return f"{limits[0]:g} to {limits[1]:g}"
+
+
+def add_model(group) -> None:
+    """--model and --dtype, as both commands take them."""
+    group.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
+        metavar="M",
+        help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
+    )
+    group.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
+    )
+
+
+def add_batch_size(group, decoded_from: str, most: str) -> None:
+    """--batch-size; decoded_from says whose segments share a batch, most what the default is bounded by."""
+    group.add_argument(
+        "--batch-size",
+        type=int_in(BATCH_SIZE_RANGE),
+        default=None,
+        metavar="N",
+        help=f"segments decoded together, {decoded_from} ({span(BATCH_SIZE_RANGE)}; "
+        f"default: as many as a quarter of the free memory holds KV caches for{most}); lower it if memory is short",
+    )
+
+
+def add_speech_detection(group) -> None:
+    """--vad/--no-vad and --vad-threshold (check_vad refuses a threshold with --no-vad)."""
+    group.add_argument(
+        "--vad",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="speech detection (Silero VAD): only the stretches where someone speaks are transcribed, "
+        "so noise, music and silence give no text (default: on; --no-vad sends all the audio)",
+    )
+    group.add_argument(
+        "--vad-threshold",
+        type=number_in(VAD_THRESHOLD_RANGE, unit=""),
+        default=None,
+        metavar="P",
+        help=f"speech probability from which audio counts as speech; lower keeps quieter speech and lets in "
+        f"more noise ({span(VAD_THRESHOLD_RANGE)}; default: {VadOptions.threshold:g})",
+    )
 
 
 def check_vad(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

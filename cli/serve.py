@@ -17,24 +17,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlx_qwen3asr import tune_malloc
-from mlx_qwen3asr.checkpoints.loading import DTYPES
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
-    BATCH_SIZE_RANGE,
     DEFAULT_ALIGNER,
-    DEFAULT_MODEL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
-    MODEL_ENV,
-    VAD_THRESHOLD_RANGE,
+    add_batch_size,
+    add_model,
+    add_speech_detection,
     check_vad,
     exit_status,
     int_in,
     number_in,
-    span,
     vad_options,
 )
 from mlx_qwen3asr.cli.signals import Terminated, terminate
@@ -99,12 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PORT,
         help=f"port (default: {DEFAULT_PORT}; 0: any free one)",
     )
-    p.add_argument(
-        "--model",
-        default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
-        metavar="M",
-        help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
-    )
+    add_model(p)
     words = p.add_mutually_exclusive_group()
     words.add_argument(
         "--aligner",
@@ -193,33 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"open connections at most; more get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
     )
-    p.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default=None,
-        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int_in(BATCH_SIZE_RANGE),
-        default=None,
-        metavar="N",
-        help=f"segments decoded together, from all requests ({BATCH_SIZE_RANGE[0]} to {BATCH_SIZE_RANGE[1]}; "
-        "default: as many as a quarter of the free memory holds)",
-    )
-    p.add_argument(
-        "--vad",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="speech detection: only speech is transcribed, noise and silence give no text (default: on)",
-    )
-    p.add_argument(
-        "--vad-threshold",
-        type=number_in(VAD_THRESHOLD_RANGE, ""),
-        default=None,
-        metavar="P",
-        help=f"speech probability from which audio counts as speech ({span(VAD_THRESHOLD_RANGE)}; default: 0.5)",
-    )
+    add_batch_size(p, "from all requests", "")
+    add_speech_detection(p)
     return p
 
 
