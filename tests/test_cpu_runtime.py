@@ -195,3 +195,24 @@ def test_mlx_products_of_few_rows(rows):
         }
         for name, (got, expected) in cases.items():
             np.testing.assert_allclose(np.array(got), expected, rtol=1e-5, atol=1e-4, err_msg=name)
+
+
+def test_the_code_path_follows_the_environment_and_use_path():
+    def chosen(env: str | None) -> subprocess.CompletedProcess:
+        environment = {k: v for k, v in os.environ.items() if k != "MLX_QWEN3ASR_PATH"}
+        if env is not None:
+            environment["MLX_QWEN3ASR_PATH"] = env
+        code = (
+            "from mlx_qwen3asr.runtime import backend as b\n"
+            "before = (b.path(), b.tuning().dtype, b.tuning().inline_prefix_tokens)\n"
+            "with b.use_path('cpu' if before[0] == 'gpu' else 'gpu'):\n"
+            "    inside = b.path()\n"
+            "print(*before, inside, b.path())"
+        )
+        return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+
+    assert chosen(None).stdout.split() == ["cpu", "float32", "0", "gpu", "cpu"]
+    assert chosen("auto").stdout.split() == ["cpu", "float32", "0", "gpu", "cpu"]
+    assert chosen("GPU").stdout.split() == ["gpu", "bfloat16", "128", "cpu", "gpu"]
+    wrong = chosen("metal")
+    assert wrong.returncode != 0 and "MLX_QWEN3ASR_PATH='metal': must be cpu, gpu or auto" in wrong.stderr
