@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,6 @@ from rich.progress import (
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -35,6 +35,11 @@ __all__ = ["Reporter", "Summary", "duration", "printable"]
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Bidirectional overrides and isolates reorder the text around them on a terminal.
 _BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+# Plain log lines: a progress line at most this often (seconds) while files are transcribed.
+PROGRESS_EVERY = 10.0
+# The bar is moved by progress reports at most this often (seconds); a finished file moves it at once.
+BAR_EVERY = 0.25
 
 
 def _escape(ch: str) -> str:
@@ -86,6 +91,11 @@ class Summary:
     def speed(self) -> float:
         return self.audio_seconds / self.work_seconds if self.work_seconds > 0 else 0.0
 
+    @property
+    def speed_text(self) -> str | None:
+        """The speed as "4.1x realtime", or None when no audio was transcribed."""
+        return f"{self.speed:.1f}x realtime" if self.audio_seconds > 0 and self.work_seconds > 0 else None
+
 
 def _discard_output(stream: TextIO) -> None:
     """Point a stream whose pipe is closed at the null device, so that flushing it (at exit too)
@@ -99,10 +109,23 @@ def _discard_output(stream: TextIO) -> None:
 
 
 class _Realtime(ProgressColumn):
-    """Audio seconds per wall-clock second."""
+    """Audio seconds per wall-clock second (the task's `speed` field, once work is done)."""
 
     def render(self, task: Task) -> Text:
-        return Text(f"{task.speed:.1f}x realtime" if task.speed else "", style="cyan")
+        speed = task.fields.get("speed")
+        return Text(f"{speed:.1f}x realtime" if speed else "", style="cyan")
+
+
+class _TimeLeft(ProgressColumn):
+    """Wall-clock time left at the speed so far (the task's `left` field, once work is done)."""
+
+    def render(self, task: Task) -> Text:
+        left = task.fields.get("left")
+        if left is None:
+            return Text("-:--:--", style="progress.remaining")
+        m, s = divmod(int(round(left)), 60)
+        h, m = divmod(m, 60)
+        return Text(f"{h}:{m:02d}:{s:02d}", style="progress.remaining")
 
 
 class Reporter:
@@ -116,9 +139,13 @@ class Reporter:
         self.rich = not quiet and self.console.is_terminal
         self._progress: Progress | None = None
         self._task = None
-        self._done_seconds = 0.0
-        self._remaining_estimate = 0.0
-        self._file_estimate = 0.0
+        # Progress over the files: seconds of audio done per file, and what each file counts in the total
+        # (its estimated duration, or more once more is done, until it is finished).
+        self._done: list[float] = []
+        self._totals: list[float] = []
+        self._completed = 0.0
+        self._total = 0.0
+        self._started = self._last_line = self._last_bar = 0.0
         self._gone: set[int] = set()  # streams whose reader has gone
 
     def write(self, stream: TextIO, line: str) -> None:
@@ -164,7 +191,11 @@ class Reporter:
     # Progress over the audio of the files being transcribed.
 
     def start(self, estimates: Sequence[float]) -> None:
-        self._remaining_estimate = float(sum(estimates))
+        """Files are about to be transcribed: `estimates` holds each one's estimated duration."""
+        self._totals = [max(float(e), 0.0) for e in estimates]
+        self._done = [0.0] * len(self._totals)
+        self._completed, self._total = 0.0, sum(self._totals)
+        self._started = self._last_line = self._last_bar = time.monotonic()
         if not self.rich:
             return
         self._progress = Progress(
@@ -174,44 +205,98 @@ class Reporter:
             _Realtime(),
             TimeElapsedColumn(),
             TextColumn("eta"),
-            TimeRemainingColumn(),
+            _TimeLeft(),
             console=self.console,
             redirect_stderr=self.err.isatty(),
         )
         self._progress.start()
-        self._task = self._progress.add_task("", total=max(self._remaining_estimate, 1e-6))
+        self._task = self._progress.add_task("", total=max(self._total, 1e-6))
 
-    def batch_started(self, count: int, batch_size: int | None) -> None:
+    def batch_started(
+        self,
+        count: int,
+        batch_size: int | None,
+        *,
+        loaded_seconds: float | None = None,
+        aligner: str | None = None,
+    ) -> None:
+        """One line: how long loading took, the files to transcribe, the batch and the aligner."""
         if self._progress is not None:
             self._progress.update(self._task, description=f"0/{count} files")
-        elif batch_size:
-            self.info(f"transcribing {count} file(s), {batch_size} segment(s) at a time")
+        if batch_size:
+            line = f"transcribing {count} file(s), {batch_size} segment(s) at a time"
         else:
-            self.info(
-                f"transcribing {count} file(s), up to {tuning().max_batch} segments at a time as memory allows"
-            )
+            line = f"transcribing {count} file(s), up to {tuning().max_batch} segments at a time as memory allows"
+        if loaded_seconds is not None:
+            line = f"loaded in {loaded_seconds:.1f} s; {line}"
+        if aligner:
+            line += f", words timed by {aligner}"
+        self.info(line)
+
+    def _speed(self, now: float) -> tuple[float | None, float | None]:
+        """Seconds of audio per wall-clock second so far and the seconds left at that speed (None
+        before any work is done)."""
+        elapsed = now - self._started
+        if self._completed <= 0 or elapsed <= 0:
+            return None, None
+        speed = self._completed / elapsed
+        return speed, max(self._total - self._completed, 0.0) / speed
+
+    def _show(self, now: float, description: str | None = None) -> None:
+        """Move the bar to the progress so far."""
+        speed, left = self._speed(now)
+        self._last_bar = now
+        self._progress.update(
+            self._task,
+            completed=self._completed,
+            total=max(self._total, 1e-6),
+            description=description,
+            speed=speed,
+            left=left,
+        )
+
+    def progress(self, index: int, seconds: float) -> None:
+        """Work done on file `index` (its position in start's estimates), in seconds of its audio."""
+        if seconds <= 0 or not 0 <= index < len(self._done):
+            return
+        self._done[index] += seconds
+        self._completed += seconds
+        if self._done[index] > self._totals[index]:  # its estimate fell short
+            self._total += self._done[index] - self._totals[index]
+            self._totals[index] = self._done[index]
+        now = time.monotonic()
+        if self._progress is not None:
+            if now - self._last_bar >= BAR_EVERY:
+                self._show(now)
+        elif not self.quiet and now - self._last_line >= PROGRESS_EVERY:
+            self._last_line = now
+            speed, left = self._speed(now)
+            share = 100 * self._completed / self._total if self._total > 0 else 100.0
+            line = f"progress: {share:.0f}% of {duration(self._total)} of audio"
+            if speed is not None:
+                line += f", {speed:.1f}x realtime, about {duration(left)} left"
+            self.info(line)
 
     def segment(self, seg: Segment, source: Path | None = None) -> None:
-        """A transcribed segment; source names its file when segments of several files interleave."""
-        if self._progress is not None:
-            self._progress.advance(self._task, seg.end - seg.start)
+        """A transcribed segment (shown with --verbose); source names its file when segments of several
+        files interleave."""
         if self.verbose:
             stamp = f"{format_timestamp(seg.start, '.')} --> {format_timestamp(seg.end, '.')}"
             where = "" if source is None else f"{source} "
             self.info(f"  {where}[{stamp}] {one_line(seg.text)}")
 
-    def file_finished(self, finished: int, count: int, estimate: float, actual_seconds: float | None) -> None:
-        """Replace a file's estimated duration by what it really was (None: it failed)."""
-        self._remaining_estimate -= estimate
-        self._done_seconds += actual_seconds or 0.0
+    def file_finished(self, finished: int, count: int, index: int, actual_seconds: float | None) -> None:
+        """File `index` is finished: its real duration (None: it failed, and counts for the work done
+        on it) replaces its estimate; the progress never goes back."""
+        if 0 <= index < len(self._done):
+            done = self._done[index]
+            if actual_seconds is not None and actual_seconds > done:  # the work not yet reported
+                self._completed += actual_seconds - done
+                self._done[index] = done = actual_seconds
+            self._total += done - self._totals[index]
+            self._totals[index] = done
         if self._progress is not None:
-            total = self._done_seconds + self._remaining_estimate
-            self._progress.update(
-                self._task,
-                completed=self._done_seconds,
-                total=max(total, 1e-6),
-                description=f"{finished}/{count} files",
-            )
+            self._show(time.monotonic(), description=f"{finished}/{count} files")
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -237,7 +322,8 @@ class Reporter:
                 table.add_row("with warnings", str(s.warned), style="yellow")
             table.add_row("audio", f"{hours:.2f} h ({duration(s.audio_seconds)})")
             table.add_row("wall time", duration(s.wall_seconds))
-            table.add_row("speed", f"{s.speed:.1f}x realtime")
+            if s.speed_text is not None:
+                table.add_row("speed", s.speed_text)
             self.console.print(table)
             if s.failed:
                 failures = Table(title="failed", title_justify="left")
@@ -255,7 +341,9 @@ class Reporter:
             line += f", {s.kept} existing output(s) kept"
         if s.warned:
             line += f", {s.warned} with warnings"
-        line += f"; {hours:.2f} h of audio in {duration(s.wall_seconds)} wall time ({s.speed:.1f}x realtime)"
+        line += f"; {hours:.2f} h of audio in {duration(s.wall_seconds)} wall time"
+        if s.speed_text is not None:
+            line += f" ({s.speed_text})"
         self.write(self.out, line)
         for path, reason in s.failed:
             self.write(self.out, f"  failed: {path}: {reason}")

@@ -202,6 +202,23 @@ def test_every_response_format_parses_with_the_openai_client(server, model, shor
     seg = verbose.segments[0]
     assert seg.tokens == model.tokenizer.encode(alone.segments[0].text)
     assert seg.temperature == 0.0 and seg.seek == 0 and seg.compression_ratio > 0
+    assert seg.avg_logprob == pytest.approx(alone.segments[0].avg_logprob, rel=1e-3) and seg.avg_logprob < 0
+
+
+def test_verbose_json_segments_carry_the_model_s_confidence(server, model, short_budgets, tmp_path):
+    """avg_logprob and no_speech_prob are the model's (Segment's), not placeholders: with the language
+    forced, the probability of "language None" is read where the prompt names the language."""
+    path = wav_file(tmp_path, 4.0, seed=3)
+    alone = mlx_qwen3asr.transcribe(model, str(path), language="en", vad=False, parts=STAGES.parts)
+    body = server.post(
+        files={"file": ("talk.wav", path.read_bytes())},
+        data={"model": "m", "response_format": "verbose_json", "language": "en"},
+    ).json()
+    assert len(body["segments"]) == len(alone.segments) > 0
+    for got, seg in zip(body["segments"], alone.segments):
+        assert got["avg_logprob"] == pytest.approx(seg.avg_logprob, rel=1e-3)
+        assert got["no_speech_prob"] == pytest.approx(seg.no_speech_prob, rel=1e-3)
+        assert -50 < got["avg_logprob"] < 0 and 0 < got["no_speech_prob"] < 1
 
 
 def test_verbose_json_with_word_and_segment_timestamps(server, model, aligner, monkeypatch, paced, tmp_path):

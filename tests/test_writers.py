@@ -31,7 +31,15 @@ RESULT = Transcription(
     segments=[
         Segment(0.0, 3.0, "Hello world.", "English"),
         Segment(3.0, 6.0, "", ""),
-        Segment(6.0, 9.0, "你好，世界。", "Chinese", truncated=True),
+        Segment(
+            6.0,
+            9.0,
+            "你好，世界。",
+            "Chinese",
+            truncated=True,
+            avg_logprob=-0.4321987,
+            no_speech_prob=0.0123456,
+        ),
     ],
     duration=9.0,
     source="talk.wav",
@@ -86,6 +94,8 @@ def test_json_holds_everything_and_keeps_non_ascii():
         "truncated": True,
         "repetitive": False,
         "timing": "estimated",
+        "avg_logprob": -0.4322,
+        "no_speech_prob": 0.01235,
         "words": [],
     }
     assert doc["cues"][0] == {"start": 0.0, "end": 2.5, "text": CUES[0].text}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +26,20 @@ LOOP_CHECK_EVERY = 16
 # Query positions per prefill call: bounds the attention scores of long prompts (a long context) to
 # rows x heads x PREFILL_CHUNK x keys instead of a square of the prompt length per layer.
 PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class HeaderIds:
+    """Tokens of the `language X<asr_text>` header that starts the model's answer, in the Qwen3-ASR
+    vocabulary: the assistant's turn starts after `turn`; `language` is followed by the language's
+    name, which is `none` (" None") for audio without speech."""
+
+    turn: int = 151644  # <|im_start|>
+    language: int = 11528  # "language"
+    none: int = 2240  # " None"
+
+
+HEADER = HeaderIds()
 
 
 @dataclass
@@ -75,10 +89,21 @@ def prefill_prefix(net: Qwen3ASR, ids: Sequence[int]) -> Prefix:
 
 @dataclass
 class Generation:
+    """What decoding one prompt gave.
+
+    logprobs: the log-probability (log-softmax) of each token of `tokens` as greedy decoding chose it,
+    then that of the EOS that ended decoding, when one did (len(tokens) + 1 values then).
+    no_speech_prob: the probability the model gave the language name " None" (audio without speech)
+    where its answer names the language: in the prompt when it holds the header (a forced language),
+    else at the step after the model wrote "language"; None when there is no such place.
+    """
+
     tokens: list[int]
     truncated: bool  # stopped by the token budget before EOS
     repetitive: bool  # stopped because the output ran into a loop
     logits: list[mx.array] | None = None  # per step, when asked for (parity checks)
+    logprobs: list[float] = field(default_factory=list)
+    no_speech_prob: float | None = None
 
 
 def token_budget(seconds: float) -> int:
@@ -123,9 +148,11 @@ def _prefill(
     prompts: Sequence[list[int]],
     audio_features: Sequence[mx.array],
     prefix: Prefix | None = None,
-) -> tuple[list[KVCache], mx.array]:
+    at: Sequence[int] | None = None,
+) -> tuple[list[KVCache], mx.array, mx.array | None]:
     """Prompts (after the shared prefix, when given) left-padded to one width through the decoder:
-    its cache (which holds each row's padding) and each row's last hidden state.
+    its cache (which holds each row's padding), each row's last hidden state and, when `at` is given,
+    each row's hidden state at position at[row] of its prompt.
 
     The padding is masked out of attention and every row's positions count from its own first token
     (after the prefix). Long prompts go through in chunks of PREFILL_CHUNK positions.
@@ -140,10 +167,37 @@ def _prefill(
     embeds = net.embed(mx.array(ids), features)
     left_pad = mx.array(pad_counts, dtype=mx.int32) if any(pad_counts) else None
     cache = net.make_cache(None if prefix is None else prefix.layers, left_pad)
-    last = None
-    for _, _, hidden in prefill_chunks(net, embeds, cache):
+    wanted = None if at is None else np.asarray(pad_counts) + np.asarray(at)
+    last = picked = None
+    for start, stop, hidden in prefill_chunks(net, embeds, cache):
         last = hidden[:, -1, :]
-    return cache, last
+        inside = None if wanted is None else (wanted >= start) & (wanted < stop)
+        if inside is not None and inside.any():
+            index = mx.array(np.clip(wanted - start, 0, stop - start - 1), dtype=mx.int32)
+            here = mx.take_along_axis(hidden, index[:, None, None], axis=1)[:, 0, :]
+            picked = here if picked is None else mx.where(mx.array(inside)[:, None], here, picked)
+            if stop < embeds.shape[1]:
+                mx.eval(picked)  # no chunk's activations outlive it
+    return cache, last, picked
+
+
+def _language_position(prompt: Sequence[int], header: HeaderIds) -> int | None:
+    """Where the prompt's assistant turn holds "language" (a forced language): the position whose
+    prediction is the language's name; None when the model is to name the language itself."""
+    ids = np.asarray(prompt)
+    turns = np.flatnonzero(ids == header.turn)
+    if turns.size == 0:
+        return None
+    hits = np.flatnonzero(ids[turns[-1] :] == header.language)
+    return int(turns[-1] + hits[0]) if hits.size else None
+
+
+def _chosen_scores(logits: mx.array, y: mx.array, none: int) -> mx.array:
+    """(rows, 3) float32: each row's chosen token (exact in float32 below 2**24), its log-probability
+    (max - logsumexp) and the log-probability of `none`, so that one read-back carries all three."""
+    logits = logits.astype(mx.float32)
+    norm = mx.logsumexp(logits, axis=-1)
+    return mx.stack([y.astype(mx.float32), mx.max(logits, axis=-1) - norm, logits[:, none] - norm], axis=1)
 
 
 def greedy_generate_batch(
@@ -186,6 +240,18 @@ class _Row:
     budget: int
     tokens: list[int]
     logits: list[mx.array] | None
+    logprobs: list[float] = field(default_factory=list)
+    no_speech_prob: float | None = None
+
+    def result(self, *, truncated: bool, repetitive: bool) -> Generation:
+        return Generation(
+            self.tokens,
+            truncated=truncated,
+            repetitive=repetitive,
+            logits=self.logits,
+            logprobs=self.logprobs,
+            no_speech_prob=self.no_speech_prob,
+        )
 
 
 class DecodeBatch:
@@ -196,6 +262,12 @@ class DecodeBatch:
     new prompts and joins their caches to the running ones, each row right-aligned with its own
     padding masked and its own positions, so every row decodes exactly as it would alone. The next
     step is kept in flight while the current tokens are read back.
+
+    Every step also yields, on the device, each row's log-probability of the token it chose and of
+    header.none (" None"), read back with the tokens: they make Generation.logprobs and, at the step
+    after a row wrote "language", Generation.no_speech_prob. A prompt that already holds the header
+    (a forced language) has that probability taken from its prefill, at the position after
+    "language", projected through the LM head along with the last one.
 
     A shared prompt start (prefix) is attended to without a copy per row on the CPU path. On the GPU
     path one of up to Tuning.inline_prefix_tokens tokens is recomputed at the start of every row
@@ -210,8 +282,10 @@ class DecodeBatch:
         prefix: Prefix | None = None,
         keep_logits: bool = False,
         prefill_rows: int | None = None,
+        header: HeaderIds = HEADER,
     ):
         self.net, self.eos, self.prefix, self.keep_logits = net, frozenset(eos_ids), prefix, keep_logits
+        self.header = header
         settings = tuning()
         self.prefill_rows = max(1, int(prefill_rows or settings.prefill_rows))
         self.inline: list[int] = []  # prompt start recomputed in every row (GPU path, short prefix)
@@ -220,6 +294,7 @@ class DecodeBatch:
         self.rows: list[_Row] = []
         self.cache: list[KVCache] | None = None  # per layer; each holds the rows' padding (left_pad)
         self.y: mx.array | None = None  # (rows,) each row's next token, possibly still being computed
+        self.scores: mx.array | None = None  # (rows, 3) with y: _chosen_scores of the same logits
         self.logits: mx.array | None = None  # (rows, vocab) the distribution y came from (keep_logits)
 
     def __len__(self) -> int:
@@ -228,6 +303,11 @@ class DecodeBatch:
     @property
     def keys(self) -> list[Hashable]:
         return [r.key for r in self.rows]
+
+    def row_progress(self) -> list[tuple[Hashable, int, int]]:
+        """Each running row's key, the tokens it has decoded so far and its budget (read from the
+        counts kept on the host: nothing is evaluated)."""
+        return [(r.key, len(r.tokens), r.budget) for r in self.rows]
 
     def add(
         self,
@@ -256,28 +336,48 @@ class DecodeBatch:
             return done
         prompts = [self.inline + list(prompts[i]) for i in chosen]
         features = [audio_features[i] for i in chosen]
-        caches, lasts = [], []
-        for start in range(0, len(prompts), self.prefill_rows):
-            rows = slice(start, start + self.prefill_rows)
-            cache, last = _prefill(self.net, prompts[rows], features[rows], self.prefix)
-            mx.eval(last, [c.state for c in cache])
-            caches.append(cache)
-            lasts.append(last)
         new_rows = [
             _Row(keys[i], int(max_new_tokens[i]), [], [] if self.keep_logits else None) for i in chosen
         ]
+        positions = [_language_position(p, self.header) for p in prompts]
+        caches, lasts = [], []
+        for start in range(0, len(prompts), self.prefill_rows):
+            rows = slice(start, start + self.prefill_rows)
+            probed = [k for k, at in enumerate(positions[rows]) if at is not None]
+            at = [len(p) - 1 if q is None else q for p, q in zip(prompts[rows], positions[rows])]
+            cache, last, picked = _prefill(
+                self.net, prompts[rows], features[rows], self.prefix, at if probed else None
+            )
+            none = None
+            if probed:
+                # One more position per forced-language row through the LM head: where the model
+                # would name the language.
+                heads = self.net.logits(picked[mx.array(probed, dtype=mx.int32)]).astype(mx.float32)
+                none = heads[:, self.header.none] - mx.logsumexp(heads, axis=-1)
+            mx.eval(last, none, [c.state for c in cache])
+            for k, value in zip(probed, [] if none is None else none.tolist()):
+                new_rows[start + k].no_speech_prob = math.exp(value)
+            caches.append(cache)
+            lasts.append(last)
         logits = self.net.logits(mx.concatenate(lasts, axis=0))
         y = mx.argmax(logits, axis=-1)
         try:
-            self._join(caches, new_rows, y, logits)
+            self._join(caches, new_rows, y, logits, _chosen_scores(logits, y, self.header.none))
         except BaseException:
             # Joining rewrites the running rows' cache layer by layer: part-way through, none of it
             # holds; the batch is left empty (its rows are gone) rather than inconsistent.
-            self.rows, self.cache, self.y, self.logits = [], None, None, None
+            self.rows, self.cache, self.y, self.scores, self.logits = [], None, None, None, None
             raise
         return done
 
-    def _join(self, caches: list[list[KVCache]], new_rows: list[_Row], y: mx.array, logits: mx.array) -> None:
+    def _join(
+        self,
+        caches: list[list[KVCache]],
+        new_rows: list[_Row],
+        y: mx.array,
+        logits: mx.array,
+        scores: mx.array,
+    ) -> None:
         """Stack the running rows' caches and the new ones, every row right-aligned at the widest."""
         parts = ([self.cache] if self.cache is not None else []) + caches
         width = max(c[0].offset for c in parts)
@@ -290,10 +390,11 @@ class DecodeBatch:
             mx.eval(joined[-1].state)
         self.cache = joined
         self.y = y if self.y is None else mx.concatenate([self.y, y])
+        self.scores = scores if self.scores is None else mx.concatenate([self.scores, scores])
         if self.keep_logits:
             self.logits = logits if self.logits is None else mx.concatenate([self.logits, logits])
         self.rows.extend(new_rows)
-        mx.async_eval(self.y)
+        mx.async_eval(self.y, self.scores)
 
     def step(self) -> list[tuple[Hashable, Generation]]:
         """Take every row's next token; returns the rows that finished (EOS, budget or a loop)."""
@@ -303,42 +404,43 @@ class DecodeBatch:
             for row, r in enumerate(self.rows):
                 r.logits.append(self.logits[row])
         # Keep the next step in flight while this one's tokens are read.
-        next_y = next_logits = None
+        next_y = next_logits = next_scores = None
         if any(len(r.tokens) + 1 < r.budget for r in self.rows):
             net = self.net
             hidden = net.model(net.model.embed_tokens(self.y[:, None]), cache=self.cache)
             next_logits = net.logits(hidden[:, -1, :])
             next_y = mx.argmax(next_logits, axis=-1)
-            mx.async_eval(next_y)
+            next_scores = _chosen_scores(next_logits, next_y, self.header.none)
+            mx.async_eval(next_y, next_scores)
         finished, still = [], []
-        for row, (r, token) in enumerate(zip(self.rows, self.y.tolist())):
+        language = self.header.language
+        for row, (r, (token, logprob, none)) in enumerate(zip(self.rows, self.scores.tolist())):
+            token = int(token)
+            if r.no_speech_prob is None and len(r.tokens) == 1 and r.tokens[0] == language:
+                r.no_speech_prob = math.exp(none)  # this step names the language
+            r.logprobs.append(logprob)
             if token in self.eos:
-                finished.append(
-                    (r.key, Generation(r.tokens, truncated=False, repetitive=False, logits=r.logits))
-                )
+                finished.append((r.key, r.result(truncated=False, repetitive=False)))
                 continue
             r.tokens.append(token)
             count = len(r.tokens)
             if count % LOOP_CHECK_EVERY == 0 and ends_in_loop(r.tokens):
-                finished.append(
-                    (r.key, Generation(r.tokens, truncated=False, repetitive=True, logits=r.logits))
-                )
+                finished.append((r.key, r.result(truncated=False, repetitive=True)))
             elif count >= r.budget:
-                finished.append(
-                    (r.key, Generation(r.tokens, truncated=True, repetitive=False, logits=r.logits))
-                )
+                finished.append((r.key, r.result(truncated=True, repetitive=False)))
             else:
                 still.append(row)
         if not still:
-            self.rows, self.cache, self.y, self.logits = [], None, None, None
+            self.rows, self.cache, self.y, self.scores, self.logits = [], None, None, None, None
             return finished
         if len(still) < len(self.rows):
             keep = mx.array(still, dtype=mx.int32)
             next_y = _keep(keep, self.cache, next_y)
+            next_scores = next_scores[keep]
             if next_logits is not None and self.keep_logits:
                 next_logits = next_logits[keep]
             self.rows = [self.rows[i] for i in still]
-        self.y, self.logits = next_y, next_logits
+        self.y, self.scores, self.logits = next_y, next_scores, next_logits
         return finished
 
     def drop(self, keys: set[Hashable]) -> None:
@@ -347,10 +449,11 @@ class DecodeBatch:
         if len(still) == len(self.rows):
             return
         if not still:
-            self.rows, self.cache, self.y, self.logits = [], None, None, None
+            self.rows, self.cache, self.y, self.scores, self.logits = [], None, None, None, None
             return
         keep = mx.array(still, dtype=mx.int32)
         self.y = _keep(keep, self.cache, self.y)
+        self.scores = self.scores[keep]
         if self.logits is not None:
             self.logits = self.logits[keep]
         self.rows = [self.rows[i] for i in still]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from mlx_qwen3asr.pipeline.transcribe import Transcription
 
 __all__ = [
     "FORMATS",
+    "HIGHLIGHT_STYLES",
     "render",
     "render_json",
     "render_srt",
@@ -22,6 +24,23 @@ __all__ = [
 ]
 
 FORMATS: tuple[str, ...] = ("txt", "srt", "vtt", "json")
+# How subtitles show the word being spoken: "underline" repeats a cue once per word with that word in
+# <u>...</u> (SRT and WebVTT, as whisper writes them); "karaoke" tags each word's time in WebVTT
+# (<HH:MM:SS.mmm>) and underlines in SRT, which has no such tags.
+HIGHLIGHT_STYLES: tuple[str, ...] = ("underline", "karaoke")
+
+
+def _highlight_style(highlight_words: bool | str | None) -> str | None:
+    """The style asked for: None or False for none, True for "underline", or one of HIGHLIGHT_STYLES."""
+    if highlight_words is None or highlight_words is False:
+        return None
+    if highlight_words is True:
+        return HIGHLIGHT_STYLES[0]
+    if highlight_words not in HIGHLIGHT_STYLES:
+        raise ValueError(
+            f"unknown highlight style {highlight_words!r}: use one of {', '.join(HIGHLIGHT_STYLES)}"
+        )
+    return highlight_words
 
 
 def render_txt(result: Transcription) -> str:
@@ -46,38 +65,50 @@ def _word_groups(cue: Cue) -> list[tuple[int, list[int]]]:
     return groups
 
 
-def _underlined(cue: Cue, spoken: Sequence[int]) -> str:
-    """The cue's text with the given words wrapped in <u>...</u>, line by line."""
+def _underlined(cue: Cue, spoken: Sequence[int], escape: Callable[[str], str]) -> str:
+    """The cue's text (through escape) with the given words wrapped in <u>...</u>, line by line."""
     marks = sorted((cue.words[k].char_start, cue.words[k].char_end) for k in spoken)
     out, pos = [], 0
     for start, end in marks:
-        out.append(cue.text[pos:start])
-        out.append("\n".join(f"<u>{line}</u>" if line else "" for line in cue.text[start:end].split("\n")))
+        out.append(escape(cue.text[pos:start]))
+        lines = cue.text[start:end].split("\n")
+        out.append("\n".join(f"<u>{escape(line)}</u>" if line else "" for line in lines))
         pos = end
-    out.append(cue.text[pos:])
+    out.append(escape(cue.text[pos:]))
     return "".join(out)
 
 
-def _srt_entries(cue: Cue, highlight_words: bool) -> list[tuple[float, float, str]]:
-    if not (highlight_words and cue.words):
-        return [(cue.start, cue.end, cue.text)]
+def _underlined_entries(
+    cue: Cue, underline: bool, escape: Callable[[str], str]
+) -> list[tuple[float, float, str]]:
+    """The cue as subtitle entries: itself, or (underline, a cue with words) one entry per word, from
+    its start to the next word's start (the last to the cue's end), with that word underlined; the
+    plain text before the first word."""
+    if not (underline and cue.words):
+        return [(cue.start, cue.end, escape(cue.text))]
     groups = _word_groups(cue)
     entries = []
     if to_milliseconds(cue.start) < groups[0][0]:
-        entries.append((cue.start, groups[0][0] / 1000, cue.text))
+        entries.append((cue.start, groups[0][0] / 1000, escape(cue.text)))
     for k, (start, spoken) in enumerate(groups):
         end = groups[k + 1][0] / 1000 if k + 1 < len(groups) else cue.end
-        entries.append((start / 1000, end, _underlined(cue, spoken)))
+        entries.append((start / 1000, end, _underlined(cue, spoken, escape)))
     return entries
 
 
-def render_srt(cues: Sequence[Cue], *, highlight_words: bool = False) -> str:
+def _as_is(text: str) -> str:
+    return text
+
+
+def render_srt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None) -> str:
     """SubRip: numbered blocks, HH:MM:SS,mmm times, a blank line after each block.
 
-    highlight_words: a cue with words becomes one block per word, from its start to the next word's
-    start (the last to the cue's end), showing the cue's text with that word underlined (<u>...</u>).
+    highlight_words (any style; see HIGHLIGHT_STYLES): a cue with words becomes one block per word,
+    from its start to the next word's start (the last to the cue's end), showing the cue's text with
+    that word underlined (<u>...</u>).
     """
-    entries = [entry for c in cues for entry in _srt_entries(c, highlight_words)]
+    underline = _highlight_style(highlight_words) is not None
+    entries = [entry for c in cues for entry in _underlined_entries(c, underline, _as_is)]
     return "".join(
         f"{i}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n\n"
         for i, (start, end, text) in enumerate(entries, 1)
@@ -89,8 +120,8 @@ def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _vtt_text(cue: Cue, highlight_words: bool) -> str:
-    if not (highlight_words and cue.words):
+def _vtt_karaoke(cue: Cue) -> str:
+    if not cue.words:
         return _vtt_escape(cue.text)
     out, pos = [], 0
     for start, spoken in _word_groups(cue)[1:]:
@@ -102,15 +133,22 @@ def _vtt_text(cue: Cue, highlight_words: bool) -> str:
     return "".join(out)
 
 
-def render_vtt(cues: Sequence[Cue], *, highlight_words: bool = False) -> str:
+def render_vtt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None) -> str:
     """WebVTT: the WEBVTT header, then one block per cue with HH:MM:SS.mmm times.
 
-    highlight_words: in a cue with words, a timestamp tag (<HH:MM:SS.mmm>) before each word after the
-    first says when it is spoken, for players that colour the words already said.
+    highlight_words "underline" (or True): a cue with words becomes one block per word, as in SRT
+    (render_srt), with that word in <u>...</u>. "karaoke": in a cue with words, a timestamp tag
+    (<HH:MM:SS.mmm>) before each word after the first says when it is spoken, for players that colour
+    the words already said.
     """
+    style = _highlight_style(highlight_words)
+    if style == "karaoke":
+        entries = [(c.start, c.end, _vtt_karaoke(c)) for c in cues]
+    else:
+        entries = [entry for c in cues for entry in _underlined_entries(c, style is not None, _vtt_escape)]
     blocks = [
-        f"{format_timestamp(c.start, '.')} --> {format_timestamp(c.end, '.')}\n{_vtt_text(c, highlight_words)}\n"
-        for c in cues
+        f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n{text}\n"
+        for start, end, text in entries
     ]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
@@ -131,9 +169,19 @@ def _ms(seconds: float) -> float | None:
         return None
 
 
+def _figure(value: Any) -> float | None:
+    """A probability or log-probability to 4 significant digits; None for one that is not finite."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return float(f"{value:.4g}") if math.isfinite(value) else None
+
+
 def segment_json(segment: Any, *, round_times: Callable[[Any], float | None] | None = None) -> dict[str, Any]:
     """A segment as JSON: start, end, text, language, truncated, repetitive, timing ("aligned" or
-    "estimated") and words (text, start, end); a time that is not a finite number is None.
+    "estimated"), avg_logprob and no_speech_prob (Segment's, to 4 significant digits) and words (text,
+    start, end); a time that is not a finite number is None.
 
     round_times: how times are written. None (the JSON output file): the segment's times as they are,
     its words' in whole milliseconds rounded half up as subtitle times are. A function (the server's
@@ -146,6 +194,8 @@ def segment_json(segment: Any, *, round_times: Callable[[Any], float | None] | N
     if round_times is not None:
         out["start"], out["end"] = round_times(out["start"]), round_times(out["end"])
     out["timing"] = d.get("timing", "estimated")
+    out["avg_logprob"] = _figure(d.get("avg_logprob", 0.0))
+    out["no_speech_prob"] = _figure(d.get("no_speech_prob", 0.0))
     out["words"] = [
         {"text": w["text"], "start": word_time(w["start"]), "end": word_time(w["end"])}
         for w in (_as_dict(w) if not isinstance(w, Mapping) else w for w in d.get("words") or [])
@@ -192,9 +242,10 @@ def render(
     *,
     model: str | None = None,
     options: Mapping[str, Any] | None = None,
-    highlight_words: bool = False,
+    highlight_words: bool | str | None = None,
 ) -> str:
-    """The document for one of FORMATS; highlight_words marks the spoken word in SRT and WebVTT cues."""
+    """The document for one of FORMATS; highlight_words (a style of HIGHLIGHT_STYLES, True for
+    "underline") marks the spoken word in SRT and WebVTT cues."""
     if fmt == "txt":
         return render_txt(result)
     if fmt == "srt":

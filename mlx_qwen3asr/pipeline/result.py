@@ -22,6 +22,17 @@ class Word:
 
 @dataclass
 class Segment:
+    """A piece of the input transcribed on its own.
+
+    avg_logprob: the mean log-probability greedy decoding gave the tokens of the text, and the EOS that
+    ended it (as Whisper counts its end-of-text token); the `language X<asr_text>` header the model
+    writes before the text is left out, so that it reads the same whether the language was detected or
+    forced. 0.0 when nothing was decoded.
+    no_speech_prob: the probability the model gave to answering "language None" (no speech) where it
+    names the language (for a forced language: the name it would have written in its place); 0.0 when
+    its answer has no such place.
+    """
+
     start: float  # seconds
     end: float
     text: str
@@ -32,6 +43,8 @@ class Segment:
     # segment's speech in proportion to its length (no aligner, or it cannot serve this segment).
     timing: str = "estimated"
     words: list[Word] = field(default_factory=list)
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
 
 
 @dataclass

@@ -13,12 +13,14 @@ prefixes.py, the segments and results made of decoded rows in assembly.py.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mlx_qwen3asr.audio.cutting import Span
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
 from mlx_qwen3asr.model.generate import DecodeBatch, Generation
@@ -44,6 +46,12 @@ from mlx_qwen3asr.text.prompt import prompt_suffix_ids
 
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
 ALIGN_GROUP = 8
+# Progress (on_progress): while a segment decodes, its share of the audio counts in proportion to its
+# tokens against the text it is expected to hold (a header of a few tokens, then speech at about 4 text
+# tokens a second), never beyond PARTIAL_SHARE of it; a finished segment counts in full.
+EXPECTED_HEADER_TOKENS = 4
+EXPECTED_TOKENS_PER_SECOND = 4.0
+PARTIAL_SHARE = 0.9
 
 
 @dataclass
@@ -54,6 +62,10 @@ class _Pending:
     segments: list[Segment | None]
     reported: int = 0  # segments already passed to on_segment, in time order
     timing_notes: list[str] = field(default_factory=list)  # why segments kept estimated word timing
+    seconds: float = 0.0  # the input's duration: what its progress adds up to
+    scale: float = 0.0  # input seconds per second of its segments (a segment's share of the progress)
+    finished: float = 0.0  # input seconds of its finished segments
+    progressed: float = 0.0  # input seconds passed to on_progress
 
     @property
     def complete(self) -> bool:
@@ -66,6 +78,9 @@ class _Task:
     position: int  # segment number within its input
     order: int  # admission order: the oldest waiting context is served first
     mel: np.ndarray | None = None  # the segment's log-mel spectrogram, while it is needed
+    share: float = 0.0  # input seconds the segment counts for in the progress
+    expected: int = 1  # tokens the segment is expected to decode (progress while it decodes)
+    partial: float = 0.0  # input seconds counted for it while it decodes or waits for the aligner
 
     @property
     def span(self) -> Span:
@@ -97,9 +112,15 @@ class Scheduler:
 
     parts: the stages it calls (Parts(): the real ones); tests and benchmarks pass their own.
 
+    on_progress(key, seconds): the work done on an input since the last call, in seconds of its audio,
+    after each decoding step (one call an input at most): a decoding segment counts in proportion to
+    its tokens (below its full share), a finished one (decoded, and aligned when asked) in full, an
+    input skipped or without speech at once; an input's calls add up to its duration, the last one
+    before its result comes out.
+
     A fault anywhere (reading audio, a mel spectrogram, the encoder, a prefill, a decoding step, the
-    text of a row, on_segment) fails the inputs whose work it was doing, each with a result carrying
-    the error; the others go on, and the scheduler always reaches idle. The aligner failing leaves
+    text of a row, on_segment, on_progress) fails the inputs whose work it was doing, each with a result
+    carrying the error; the others go on, and the scheduler always reaches idle. The aligner failing leaves
     the text with estimated word timing.
     """
 
@@ -111,6 +132,7 @@ class Scheduler:
         max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
         batch_size: int | None = None,
         on_segment: Callable[[Hashable, Segment], None] | None = None,
+        on_progress: Callable[[Hashable, float], None] | None = None,
         continuous: bool = True,
         held_seconds: float = HELD_SECONDS,
         max_batch: int | None = None,
@@ -125,6 +147,7 @@ class Scheduler:
         if aligner is not None:
             require_kind(aligner, "aligner")
         self.model, self.aligner, self.on_segment = model, aligner, on_segment
+        self.on_progress = on_progress
         self.max_segment_seconds = max_segment_seconds
         self.fixed = max(1, int(batch_size)) if batch_size else None
         self.size = self.fixed or max(1, int(max_batch or tuning().max_batch))
@@ -141,6 +164,7 @@ class Scheduler:
         self.starts = PromptStarts(model, self.parts.prefill)
         self.admitted = 0
         self.failed: list[InputResult] = []  # inputs failed during this iteration
+        self.touched: dict[int, _Pending] = {}  # inputs with segments finished since the last progress
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -214,6 +238,7 @@ class Scheduler:
         if self.rows:
             self._step()
         self._align_if_due()
+        self._report_progress()
         results += self._complete()
         if self.pending and not (self.pool or self.rows or self.to_align):
             # Inputs with segments nowhere to be done: they fail rather than wait forever.
@@ -237,17 +262,22 @@ class Scheduler:
                 prepared = item.future.result()
                 if not prepared.spans:
                     empty = self.parts.assemble(prepared, [], item.options.language)
+                    if self.on_progress is not None:
+                        self.on_progress(item.key, _duration(prepared))  # nothing to decode: done at once
                     results.append(
                         InputResult(item.key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
                     )
                     continue
-            except Exception as e:  # unreadable audio: this input fails, the others go on
+            except Exception as e:  # unreadable audio (or on_progress raised): this input fails
                 results.append(InputResult(item.key, item.source, error=e))
                 continue
             entry = _Pending(item.key, prepared, item.options, [None] * len(prepared.spans))
+            entry.seconds = _duration(prepared)
+            spoken = sum(span.duration for span in prepared.spans)
+            entry.scale = entry.seconds / spoken if spoken > 0 else 0.0
             self.pending[item.key] = entry
-            for i in range(len(prepared.spans)):
-                self.pool.append(_Task(entry, i, self.admitted))
+            for i, span in enumerate(prepared.spans):
+                self.pool.append(_Task(entry, i, self.admitted, share=span.duration * entry.scale))
                 self.admitted += 1
         return results
 
@@ -318,6 +348,8 @@ class Scheduler:
                 for f, t in zip(features, chosen)
             ]
             budgets = [self.parts.budget(t.span.duration) for t in chosen]
+            for t, budget in zip(chosen, budgets):
+                t.expected = _expected_tokens(t.span.duration, budget)
         except Exception as e:  # the segments encoded together fail; rows already running go on
             self._fail([t.pending for t in chosen], e)
             return
@@ -382,8 +414,15 @@ class Scheduler:
                 return
             if reason != "no text":
                 task.pending.timing_notes.append(reason)
+        self._segment_done(task, seg)
+
+    def _segment_done(self, task: _Task, seg: Segment) -> None:
+        """A segment is finished (decoded, and aligned when asked): it counts in full in the progress."""
         task.mel = None
-        task.pending.segments[task.position] = seg
+        entry = task.pending
+        entry.segments[task.position] = seg
+        entry.finished += task.share
+        self.touched[id(entry)] = entry
 
     # -- word timing -----------------------------------------------------------------------------
 
@@ -414,8 +453,44 @@ class Scheduler:
         for i, (task, seg) in enumerate(group):
             if words is not None:
                 seg.words, seg.timing = words[i], "aligned"
-            task.mel = None
-            task.pending.segments[task.position] = seg
+            self._segment_done(task, seg)
+
+    # -- progress --------------------------------------------------------------------------------
+
+    def _report_progress(self) -> None:
+        """Pass on_progress the work done on each input since its last call: finished segments in full,
+        the segments decoding (or waiting for the aligner) in proportion to their tokens. Only counts
+        the batch keeps on the host are read; nothing is evaluated."""
+        touched, self.touched = self.touched, {}
+        if self.on_progress is None:
+            return
+        partial: dict[int, float] = {}
+        # A stand-in batch without row_progress: its segments count only once finished.
+        counts = getattr(self.batch, "row_progress", None) if self.rows else None
+        running = []
+        for key, count, _budget in counts() if counts is not None else ():
+            task = self.in_batch.get(key)
+            if task is not None:
+                task.partial = task.share * min(PARTIAL_SHARE, count / task.expected)
+                running.append(task)
+        for task in running + [t for t, _ in self.to_align]:
+            entry = task.pending
+            partial[id(entry)] = partial.get(id(entry), 0.0) + task.partial
+            touched[id(entry)] = entry
+        for entry in touched.values():
+            if self.pending.get(entry.key) is not entry:
+                continue  # failed or cancelled
+            if entry.complete:
+                done = entry.seconds
+            else:
+                done = min(entry.finished + partial.get(id(entry), 0.0), entry.seconds)
+            if done <= entry.progressed:
+                continue
+            delta, entry.progressed = done - entry.progressed, done
+            try:
+                self.on_progress(entry.key, delta)
+            except Exception as e:  # this input fails, the others go on
+                self._fail([entry], e)
 
     # -- results ---------------------------------------------------------------------------------
 
@@ -441,6 +516,17 @@ class Scheduler:
         return results
 
 
+def _duration(prepared: PreparedInput) -> float:
+    """An input's duration in seconds, as its result states it."""
+    return len(prepared.wav) / SAMPLE_RATE
+
+
+def _expected_tokens(seconds: float, budget: int) -> int:
+    """Tokens a segment of this length is expected to decode (within its budget), for its progress."""
+    expected = EXPECTED_HEADER_TOKENS + math.ceil(EXPECTED_TOKENS_PER_SECOND * max(seconds, 0.0))
+    return max(1, min(int(budget), expected))
+
+
 def transcribe_stream(
     model: ASRModel,
     inputs: Sequence[AudioInput],
@@ -454,6 +540,7 @@ def transcribe_stream(
     aligner: ASRModel | None = None,
     vad: bool | VadOptions = True,
     parts: Parts | None = None,
+    on_progress: Callable[[int, float], None] | None = None,
 ) -> Iterator[InputResult]:
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
@@ -462,12 +549,16 @@ def transcribe_stream(
         waiting segments as they go (continuous batching).
     skip: inputs whose waveform this returns True for are not sent to the model (empty result).
     on_segment(input index, segment): each input's segments, in time order, as they become known.
+    on_progress(input index, seconds): work done on an input since the last call, in seconds of its
+        audio, after each decoding step (Scheduler); an input's calls add up to its duration
+        (InputResult's transcription.duration) before its result is yielded.
     aligner: a Qwen3-ForcedAligner; segments then get word times (segment.words), aligned in groups
         right after their text is decoded.
     vad: speech detection (True, False, or VadOptions): only the speech regions reach the model.
     parts: the stages the scheduler calls (default: the real ones; tests and benchmarks give their own).
     An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
-    go on. Results come in the order inputs finish, which is not the input order.
+    go on (on_segment or on_progress raising fails that input only). Results come in the order inputs
+    finish, which is not the input order.
     """
     options = InputOptions(resolve_language(language), context, aligner is not None, skip, vad_options(vad))
     scheduler = Scheduler(
@@ -476,6 +567,7 @@ def transcribe_stream(
         max_segment_seconds=max_segment_seconds,
         batch_size=batch_size,
         on_segment=on_segment,
+        on_progress=on_progress,
         parts=parts,
     )
     try:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
+from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput
@@ -11,6 +16,49 @@ from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
 from mlx_qwen3asr.text.languages import resolve_language
+
+
+def _estimated_seconds(audio: AudioInput) -> float:
+    """An input's duration before it is decoded: a file's header (or a guess from its size), an
+    array's length."""
+    if isinstance(audio, (str, os.PathLike)):
+        return estimate_duration(audio)
+    array, rate = audio if isinstance(audio, tuple) and len(audio) == 2 else (audio, SAMPLE_RATE)
+    try:
+        shape, rate = np.shape(array), float(rate)
+    except (TypeError, ValueError):
+        return 0.0  # refused when it is prepared
+    return max(shape, default=0) / rate if rate > 0 else 0.0
+
+
+class _Progress:
+    """Seconds of audio done and in all, over the inputs, for transcribe's on_progress: an input counts
+    its estimated duration until it is transcribed, then its real one; done never passes the total."""
+
+    def __init__(self, inputs: Sequence[AudioInput], report: Callable[[float, float], None]) -> None:
+        self.report = report
+        self.totals = [_estimated_seconds(a) for a in inputs]
+        self.done = [0.0] * len(inputs)
+        self.done_sum, self.total_sum = 0.0, sum(self.totals)
+
+    def add(self, index: int, seconds: float) -> None:
+        """Work done on an input (seconds of its audio)."""
+        self.done[index] += seconds
+        self.done_sum += seconds
+        if self.done[index] > self.totals[index]:  # the estimate fell short
+            self.total_sum += self.done[index] - self.totals[index]
+            self.totals[index] = self.done[index]
+        self.report(min(self.done_sum, self.total_sum), self.total_sum)
+
+    def finished(self, index: int, seconds: float) -> None:
+        """An input is transcribed: its real duration replaces its estimate."""
+        self.done[index] = self.totals[index] = seconds
+        total = sum(self.totals)
+        # Summed afresh (exact once every input is finished), never below what was reported.
+        done = min(max(sum(self.done), self.done_sum), total)
+        if (done, total) != (self.done_sum, self.total_sum):
+            self.done_sum, self.total_sum = done, total
+            self.report(done, total)
 
 
 def _transcribe_all(
@@ -25,8 +73,10 @@ def _transcribe_all(
     aligner: ASRModel | None = None,
     vad: bool | VadOptions = True,
     parts: Parts | None = None,
+    on_progress: Callable[[float, float], None] | None = None,
 ) -> list[Transcription]:
     results: list[Transcription | None] = [None] * len(inputs)
+    progress = None if on_progress is None else _Progress(inputs, on_progress)
     stream = transcribe_stream(
         model,
         inputs,
@@ -38,12 +88,15 @@ def _transcribe_all(
         aligner=aligner,
         vad=vad,
         parts=parts,
+        on_progress=None if progress is None else progress.add,
     )
     for res in stream:
         if res.error is not None:
             stream.close()
             raise res.error
         results[res.index] = res.transcription
+        if progress is not None:
+            progress.finished(res.index, res.transcription.duration)
     return [r for r in results if r is not None]
 
 
@@ -59,6 +112,7 @@ def transcribe(
     aligner: ASRModel | None = None,
     vad: bool | VadOptions = True,
     parts: Parts | None = None,
+    on_progress: Callable[[float, float], None] | None = None,
 ) -> Transcription | list[Transcription]:
     """Transcribe a file, an array (16 kHz, or `(array, sample_rate)`), or a list of them.
 
@@ -73,6 +127,10 @@ def transcribe(
         at quiet points; VadOptions(threshold=...) tunes it.
     parts: the stages transcription goes through (pipeline.parts.Parts; default: the real ones), for
         tests and benchmarks.
+    on_progress: called with (seconds done, total seconds) of audio as the work goes, after each
+        decoding step: a segment being decoded counts in part, a finished one in full. The total is the
+        inputs' durations: a file's as its header states it (or guessed from its size) and an array's
+        length until the input is transcribed, then its decoded length; at the end done equals total.
     Returns one Transcription per input, a list for a list. An input that cannot be read raises.
     """
     resolve_language(language)  # fail before any audio is read
@@ -80,7 +138,7 @@ def transcribe(
     results = _transcribe_all(
         model, audio if many else [audio], language=language, context=context,
         max_segment_seconds=max_segment_seconds, batch_size=batch_size, on_segment=on_segment,
-        aligner=aligner, vad=vad, parts=parts,
+        aligner=aligner, vad=vad, parts=parts, on_progress=on_progress,
     )  # fmt: skip
     return results if many else results[0]
 

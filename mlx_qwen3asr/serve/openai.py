@@ -126,9 +126,10 @@ def _compression_ratio(text: str) -> float:
 def _segment_json(
     k: int, seg: Segment, doc: dict[str, Any], encode: Callable[[str], list[int]]
 ) -> dict[str, Any]:
-    """One segment in OpenAI's verbose_json shape, from its segment_json doc. Decoding is greedy and
-    computes no probabilities: avg_logprob and no_speech_prob are 0.0, temperature is 0.0. truncated
-    and repetitive are ours."""
+    """One segment in OpenAI's verbose_json shape, from its segment_json doc. Decoding is greedy:
+    temperature is 0.0. avg_logprob is the mean log-probability of the text's tokens and no_speech_prob
+    the probability of the model answering "language None" (Segment's fields, to 4 significant digits;
+    0.0 in place of one that is not finite). truncated and repetitive are ours."""
     return {
         "id": k,
         "seek": int(round(seg.start * 100)),  # 10 ms mel frames, as Whisper counts them
@@ -137,9 +138,9 @@ def _segment_json(
         "text": doc["text"],
         "tokens": encode(seg.text) if seg.text else [],
         "temperature": DECODING_TEMPERATURE,
-        "avg_logprob": 0.0,
+        "avg_logprob": doc["avg_logprob"] or 0.0,
         "compression_ratio": _compression_ratio(seg.text),
-        "no_speech_prob": 0.0,
+        "no_speech_prob": doc["no_speech_prob"] or 0.0,
         "truncated": doc["truncated"],
         "repetitive": doc["repetitive"],
     }
