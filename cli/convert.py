@@ -1,8 +1,13 @@
-"""The `mlxasr-convert` command: MLX checkpoints, 4-bit or 8-bit, from any Qwen3-ASR release.
+"""`mlxasr convert` (also installed as `mlxasr-convert`): MLX checkpoints, 4-bit or 8-bit, from any
+Qwen3-ASR release.
 
-mlxasr-convert Qwen/Qwen3-ASR-0.6B -o qwen3-asr-0.6b-4bit --bits 4
-mlxasr-convert Qwen/Qwen3-ASR-1.7B -o qwen3-asr-1.7b-8bit --bits 8
-mlxasr-convert ./Qwen3-ASR-0.6B -o qwen3-asr-0.6b-bf16
+mlxasr convert Qwen/Qwen3-ASR-0.6B -o qwen3-asr-0.6b-4bit --bits 4
+mlxasr convert Qwen/Qwen3-ASR-1.7B -o qwen3-asr-1.7b-8bit --bits 8
+mlxasr convert ./Qwen3-ASR-0.6B -o qwen3-asr-0.6b-bf16
+
+Its exit statuses are those of `mlxasr`: 2 when nothing could be started (a usage error, a destination in
+the way, a source that is unusable or out of reach), 1 when the conversion itself failed, 130 and 143 when
+it was interrupted; a failed or interrupted conversion leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -20,6 +25,15 @@ from mlx_qwen3asr.checkpoints.convert import (
     convert_checkpoint,
 )
 from mlx_qwen3asr.checkpoints.loading import DTYPES, ModelLoadError
+from mlx_qwen3asr.cli.options import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    exit_status,
+)
+from mlx_qwen3asr.cli.signals import Terminated, stop_handlers
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -28,16 +42,30 @@ PROG = "mlxasr-convert"
 MAX_LISTED = 12
 
 
-def build_parser() -> argparse.ArgumentParser:
+EPILOG = f"""\
+Without --bits the checkpoint is written unquantized in --dtype. With --bits, decoder linears and the
+token embedding use --bits and the audio encoder stays unquantized, as mlx-community publishes it:
+mlx_qwen3asr, mlx-audio and mlx-qwen3-asr all read the output. --encoder-bits 4|8 quantizes the encoder
+too (smaller; read by mlx_qwen3asr and mlx-qwen3-asr, not by mlx-audio). Convolutions and norms are
+never quantized.
+
+exit status:
+  {EXIT_OK}    the checkpoint was written
+  {EXIT_FAILED}    the conversion failed (unreadable tensor data, a full disk, an unwritable
+       destination, an output that does not load); nothing is left behind
+  {EXIT_USAGE}    usage error (bad option, DST exists without --force, DST is the source), or the
+       source cannot be used: missing, not a Qwen3-ASR checkpoint, already quantized, not cached
+       and the Hugging Face hub unreachable; nothing is written
+  {EXIT_INTERRUPTED}  interrupted with Ctrl-C, nothing is left behind ({EXIT_TERMINATED} for SIGTERM)"""
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description="Convert a Qwen3-ASR checkpoint (release, transformers -hf or MLX layout; ASR or forced "
         "aligner) into an MLX checkpoint, optionally quantized.",
-        epilog="Without --bits the checkpoint is written unquantized in --dtype. With --bits, decoder linears "
-        "and the token embedding use --bits and the audio encoder stays unquantized, as mlx-community "
-        "publishes it: mlx_qwen3asr, mlx-audio and mlx-qwen3-asr all read the output. --encoder-bits 4|8 "
-        "quantizes the encoder too (smaller; read by mlx_qwen3asr and mlx-qwen3-asr, not by mlx-audio). "
-        "Convolutions and norms are never quantized.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("src", help="checkpoint directory or Hugging Face repo id (org/name)")
     ap.add_argument("-o", "--output", required=True, metavar="DST", help="directory to create")
@@ -100,35 +128,55 @@ def summary(result: ConversionResult) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str = PROG, restore_after_stop: bool = True) -> int:
+    """Run the command with the given arguments (default: sys.argv[1:]); returns the exit status.
+
+    prog: the name it goes by in messages (`mlxasr-convert`, or `mlxasr convert` as a subcommand)."""
     open_closed_standard_streams()  # `mlxasr-convert ... <&-`: no file opened later may take fd 0, 1 or 2
     tune_malloc()
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser(prog).parse_args(argv)
+    except SystemExit as e:  # usage errors, --help
+        return exit_status(e)
+    # The source is read and planned before the first progress line: what fails until then is a usage
+    # error or an unusable source, what fails after it is the conversion itself.
+    started = False
 
     def progress(message: str) -> None:
-        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+        nonlocal started
+        started = True
+        print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
-    try:
-        result = convert_checkpoint(
-            args.src,
-            args.output,
-            bits=args.bits,
-            group_size=args.group_size,
-            encoder_bits=args.encoder_bits,
-            dtype=args.dtype,
-            force=args.force,
-            log=progress,
-        )
-    except (ConvertError, ModelLoadError) as e:
-        print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    with stop_handlers(restore_after_stop):
+        try:
+            result = convert_checkpoint(
+                args.src,
+                args.output,
+                bits=args.bits,
+                group_size=args.group_size,
+                encoder_bits=args.encoder_bits,
+                dtype=args.dtype,
+                force=args.force,
+                log=progress,
+            )
+        except (ConvertError, ModelLoadError) as e:
+            print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+            return EXIT_FAILED if started else EXIT_USAGE
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Terminated:
+            print(f"{prog}: terminated; nothing was written", file=sys.stderr)
+            return EXIT_TERMINATED
     for line in summary(result):
         print(line)
-    return 0
+    return EXIT_OK
+
+
+def entry() -> None:
+    """The `mlxasr-convert` command: main(), then exit with its status."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,7 +1,15 @@
 """mlxasr: transcribe audio and video files and folders to TXT, SRT, WebVTT and JSON.
 
-The command's entry: `mlxasr serve ...` goes to the server (mlx_qwen3asr.cli.serve), anything else is a
-folder run (mlx_qwen3asr.cli.run) with Ctrl-C and SIGTERM stopping it cleanly.
+The command's entry. Its first argument may name a subcommand:
+
+    mlxasr serve ...     the transcription server (mlx_qwen3asr.cli.serve)
+    mlxasr convert ...   MLX checkpoints from any Qwen3-ASR release (mlx_qwen3asr.cli.convert)
+    mlxasr align ...     time a transcript the user already has (mlx_qwen3asr.cli.align)
+
+anything else is a folder run (mlx_qwen3asr.cli.run), transcription being the default. A first argument
+`serve`, `convert` or `align` always means the subcommand, whatever exists on disk: a file or folder of
+that name is transcribed as `./serve` (`./convert`, `./align`). Ctrl-C and SIGTERM stop every command
+cleanly.
 """
 
 from __future__ import annotations
@@ -11,37 +19,45 @@ import sys
 from collections.abc import Sequence
 
 from mlx_qwen3asr import tune_malloc
-from mlx_qwen3asr.cli import serve
+from mlx_qwen3asr.cli import align, convert, serve
 from mlx_qwen3asr.cli.arguments import build_parser
 from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_status
 from mlx_qwen3asr.cli.run import run
 from mlx_qwen3asr.cli.signals import Terminated, stop_handlers
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 
-__all__ = ["build_parser", "entry", "main"]
+__all__ = ["SUBCOMMANDS", "build_parser", "entry", "main"]
+
+# The subcommands, by the first argument that names them.
+SUBCOMMANDS = ("align", "convert", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run mlxasr with the given arguments (default: sys.argv[1:]); returns the exit status.
 
-    `mlxasr serve ...` starts the transcription server instead (mlx_qwen3asr.cli.serve).
+    A first argument `serve`, `convert` or `align` runs that subcommand with the arguments after it.
     """
     return _main(argv, restore_after_stop=True)
 
 
-def _serving(args: Sequence[str]) -> bool:
-    """Whether the arguments ask for the server: `serve` first, and no file or folder of that name."""
-    return list(args[:1]) == ["serve"] and not os.path.exists("serve")
+def _subcommand(args: Sequence[str]) -> str | None:
+    """The subcommand the first argument names, or None for a transcription."""
+    return args[0] if args and args[0] in SUBCOMMANDS else None
 
 
 def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     open_closed_standard_streams()  # before any file is opened: none may take fd 0, 1 or 2
     tune_malloc()  # freed activations are reused rather than page-faulted in afresh (mlx_qwen3asr.runtime.cpu)
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if _serving(args_list):
+    command = _subcommand(args_list)
+    if command == "serve":
         return serve.main(args_list[1:], exiting=not restore_after_stop)
-    parser = build_parser()
+    if command == "convert":
+        return convert.main(args_list[1:], prog="mlxasr convert", restore_after_stop=restore_after_stop)
     with stop_handlers(restore_after_stop):
+        if command == "align":
+            return align.main(args_list[1:])
+        parser = build_parser()
         try:
             args = parser.parse_args(args_list)
             return run(parser, args, sys.stdout, sys.stderr)
@@ -64,7 +80,7 @@ def entry() -> None:
     way, its engine's thread left running (see mlx_qwen3asr.cli.serve.main).
     """
     status = _main(None, restore_after_stop=False)
-    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED) or _serving(sys.argv[1:]):
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED) or _subcommand(sys.argv[1:]) == "serve":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -342,7 +342,7 @@ def test_quantized_source_is_refused(original, tmp_path, capsys):
     source = mlx_community_4bit(original, tmp_path / "community")
     dst = tmp_path / "requant"
     rc, _, err = cli(capsys, source, "-o", dst, "--bits", "8")
-    assert rc == 1
+    assert rc == 2
     assert "already quantized (4-bit)" in err and len(err.strip().splitlines()) == 1
     assert not dst.exists() and leftovers(tmp_path) == []
 
@@ -422,7 +422,7 @@ def test_existing_destination_refused_then_forced(original, tmp_path, capsys):
     dst.mkdir()
     (dst / "keep.txt").write_text("precious")
     rc, _, err = cli(capsys, original, "-o", dst, "--bits", "8")
-    assert rc == 1 and "exists; use --force" in err
+    assert rc == 2 and "exists; use --force" in err  # a usage error, as mlxasr's
     assert (dst / "keep.txt").read_text() == "precious"
 
     rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "8", "--force")
@@ -441,7 +441,25 @@ def test_force_keeps_old_destination_when_conversion_fails(original, tmp_path, c
     dst.mkdir()
     (dst / "keep.txt").write_text("precious")
     rc, _, _ = cli(capsys, broken, "-o", dst, "--force")
-    assert rc == 1 and (dst / "keep.txt").read_text() == "precious"
+    assert rc == 2 and (dst / "keep.txt").read_text() == "precious"  # an unusable source: a usage error
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failure_while_writing_exits_1(original, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from mlx_qwen3asr.checkpoints import convert as conversion
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(conversion, "write_weights", full_disk)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("precious")
+    rc, out, err = cli(capsys, original, "-o", dst, "--force")
+    assert rc == 1 and out == "" and "No space left on device" in err.splitlines()[-1]
+    assert (dst / "keep.txt").read_text() == "precious"
     assert leftovers(tmp_path) == []
 
 
@@ -518,7 +536,7 @@ def test_bad_source_leaves_nothing(case, original, tmp_path, capsys):
     out_root = tmp_path / "out"
     dst = out_root / "nested" / "dst"  # missing parents are created, then removed again
     rc, out, err = cli(capsys, source, "-o", dst, "--bits", "4")
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""  # an unusable source is a usage error, as for mlxasr
     lines = err.strip().splitlines()
     assert lines[-1].startswith("mlxasr-convert: error: ") and message in lines[-1]
     assert not out_root.exists()
@@ -528,14 +546,14 @@ def test_bad_source_leaves_nothing(case, original, tmp_path, capsys):
 def test_nonexistent_source(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc, _, err = cli(capsys, "no/such/dir/here", "-o", tmp_path / "dst")
-    assert rc == 1 and "not a Hugging Face repo id" in err
+    assert rc == 2 and "not a Hugging Face repo id" in err
     assert not (tmp_path / "dst").exists()
 
 
 def test_destination_is_source(original, tmp_path, capsys):
     source = copy_checkpoint(original, tmp_path / "src")
     rc, _, err = cli(capsys, source, "-o", source, "--bits", "4", "--force")
-    assert rc == 1 and "is (or contains) the source" in err
+    assert rc == 2 and "is (or contains) the source" in err
     assert (source / "model.safetensors").read_bytes() == (original / "model.safetensors").read_bytes()
 
 
@@ -565,7 +583,7 @@ def test_cli_subprocess(original, tmp_path):
     assert isinstance(load(dst).net.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
 
     again = subprocess.run(run, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
-    assert again.returncode == 1
+    assert again.returncode == 2
     assert (
         again.stderr.strip().splitlines()[-1]
         == f"mlxasr-convert: error: {dst} exists; use --force to replace it"
@@ -587,3 +605,46 @@ def test_quantized_aligner_conversions_align(checkpoints, tmp_path, bits):
     moved = sum(abs(a.start - b.start) > 0.08 or abs(a.end - b.end) > 0.08 for a, b in zip(words, reference))
     if bits == 8:
         assert moved <= len(words) // 2
+
+
+def test_unreachable_hub_exits_as_mlxasr_does(tmp_path):
+    """`mlxasr convert`, `mlxasr-convert` and `mlxasr` give the same status for a hub out of reach."""
+    import socket
+
+    import soundfile as sf
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens: connections are refused at once
+    (tmp_path / "hub").mkdir()
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HUB_OFFLINE": "0",
+    }
+    sf.write(tmp_path / "talk.wav", np.zeros(16000, dtype=np.float32), 16000)
+    commands = {
+        "mlxasr": ["mlx_qwen3asr.cli.main", str(tmp_path / "talk.wav"), "--no-vad", "--model", "acme/absent"],
+        "mlxasr convert": ["mlx_qwen3asr.cli.main", "convert", "acme/absent", "-o", str(tmp_path / "a")],
+        "mlxasr-convert": ["mlx_qwen3asr.cli.convert", "acme/absent", "-o", str(tmp_path / "b")],
+    }
+    status = {}
+    for name, args in commands.items():
+        proc = subprocess.run(
+            [sys.executable, "-m", *args], env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+        )
+        status[name] = proc.returncode
+        assert "cannot reach the Hugging Face hub" in proc.stderr, (name, proc.stderr)
+    assert status == {"mlxasr": 2, "mlxasr convert": 2, "mlxasr-convert": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hub", "talk.wav"]
+
+
+def test_convert_subcommand_help(capsys):
+    from mlx_qwen3asr.cli.main import main as mlxasr
+
+    assert mlxasr(["convert", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: mlxasr convert") and "--bits" in text
+    assert "exit status" in text and "Hugging Face hub unreachable" in text

@@ -342,7 +342,7 @@ def test_convert_stops_on_a_silent_hub_before_writing(tmp_path, silent_hub):
     env = hub_env(tmp_path / "hub", silent_hub, MLXASR_HUB_TIMEOUT=str(TIMEOUT))
     args = ["mlx_qwen3asr.cli.convert", "acme/absent", "-o", str(tmp_path / "out"), "--bits", "4"]
     proc, seconds = run_command(args, env)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         "mlxasr-convert: error: acme/absent: the Hugging Face hub did not answer within 1 s; check the "
         "network, set MLXASR_HUB_TIMEOUT to wait longer, or give a local checkpoint folder"

@@ -6,6 +6,7 @@ __all__ = [
     "CJK_NO_SPACE_LANGUAGES",
     "LANGUAGE_CODES",
     "SUPPORTED_LANGUAGES",
+    "guess_text_language",
     "normalize_language_case",
     "resolve_language",
 ]
@@ -114,3 +115,28 @@ def resolve_language(language: str | None) -> str | None:
 def normalize_language_case(name: str) -> str:
     """A language name with its first letter upper case and the rest lower case ("CHINESE" -> "Chinese")."""
     return name[:1].upper() + name[1:].lower()
+
+
+def _script(ch: str) -> str | None:
+    code = ord(ch)
+    if 0x3040 <= code <= 0x30FF or 0x31F0 <= code <= 0x31FF or 0xFF66 <= code <= 0xFF9F:
+        return "kana"
+    if 0xAC00 <= code <= 0xD7AF or 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F:
+        return "hangul"
+    if 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0xF900 <= code <= 0xFAFF:
+        return "han"
+    return None
+
+
+def guess_text_language(text: str) -> str:
+    """The language a transcript's script points to, for cutting it into words when none is given:
+    Japanese if it holds kana, Korean if it holds Hangul, Chinese if it holds Han characters and
+    neither, English otherwise (every other language the aligner knows is cut at spaces like it)."""
+    scripts = {_script(ch) for ch in text}
+    if "kana" in scripts:
+        return "Japanese"
+    if "hangul" in scripts:
+        return "Korean"
+    if "han" in scripts:
+        return "Chinese"
+    return "English"

@@ -1,0 +1,389 @@
+"""`mlxasr align`: time a transcript the user already has.
+
+mlxasr align talk.wav --text talk.txt --srt
+mlxasr align talk.wav --text corrected.srt --srt --vtt -o out/
+
+The text is a plain transcript (.txt, or any other name: its paragraphs, separated by blank lines, are
+kept as paragraphs) or a subtitle file (.srt, .vtt: its timings are ignored, each cue's text is kept and
+stays a cue of its own, split further only where a cue breaks the subtitle limits). Its words are timed
+by the forced aligner (long audio in pieces, mlx_qwen3asr.pipeline.retime) and written as `mlxasr`
+writes a transcription: the same outputs, cue rules and no-clobber rules (existing outputs are kept
+unless --overwrite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import stat
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlx_qwen3asr.audio.features import AudioError
+from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
+from mlx_qwen3asr.checkpoints.loading import DTYPES, load, require_kind
+from mlx_qwen3asr.cli.models import load_reason
+from mlx_qwen3asr.cli.options import (
+    ALIGNER_ENV,
+    DEFAULT_ALIGNER,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    exit_status,
+)
+from mlx_qwen3asr.cli.signals import Terminated
+from mlx_qwen3asr.outputs.folder import (
+    InputFile,
+    OutputClash,
+    TranscribeOptions,
+    existing_outputs,
+    output_problem,
+    plan_jobs,
+    write_outputs,
+)
+from mlx_qwen3asr.outputs.render import FORMATS
+from mlx_qwen3asr.pipeline.alignment import aligner_languages
+from mlx_qwen3asr.pipeline.retime import PIECE_SECONDS, retime_transcript
+from mlx_qwen3asr.runtime.messages import one_line
+from mlx_qwen3asr.text.languages import guess_text_language, resolve_language
+from mlx_qwen3asr.text.words import is_cjk
+
+__all__ = ["AlignError", "build_parser", "main", "read_blocks"]
+
+PROG = "mlxasr align"
+# A transcript larger than this is no transcript of one recording.
+MAX_TEXT_BYTES = 16 * 1024 * 1024
+
+DESCRIPTION = """\
+Time the words of a transcript you already have with the forced aligner, and write subtitles or JSON
+with word times. The text is a plain transcript (its paragraphs kept) or an .srt/.vtt subtitle file:
+its timings are ignored and each cue's text is re-timed, keeping the cues as cues (a cue too long for
+the subtitle limits is split further). Long audio is cut at quiet points into pieces the aligner takes
+(at most 180 s), and the words are shared out among them."""
+
+EPILOG = f"""\
+examples:
+  mlxasr align talk.wav --text talk.txt --srt
+  mlxasr align talk.m4a --text corrected.srt --srt --vtt -o out/
+  mlxasr align interview.wav --text interview.txt --json --language de
+
+Outputs are named after the audio ("talk.wav" -> "talk.srt"), beside it or under -o DIR. An existing
+output is kept unless --overwrite is given; an output may not replace the --text file.
+
+exit status:
+  {EXIT_OK}    the outputs were written, or kept because they exist
+  {EXIT_FAILED}    the audio could not be decoded, or an output could not be written
+  {EXIT_USAGE}    usage error (bad option, missing audio or text file, unreadable or empty text, a
+       language the aligner does not know, an output that would replace the text), or the aligner
+       could not be loaded or is a speech recognition model; nothing is written
+  {EXIT_INTERRUPTED}  interrupted with Ctrl-C, nothing is written ({EXIT_TERMINATED} for SIGTERM)
+
+The aligner defaults to ${ALIGNER_ENV} or {DEFAULT_ALIGNER}."""
+
+
+class AlignError(Exception):
+    """A problem that stops the command: one line, and the exit status it ends with."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _format_list(value: str) -> list[str]:
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    for name in names or [""]:
+        if name != "all" and name not in FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
+            )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `mlxasr align` argument parser."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("audio", metavar="AUDIO", help="the audio or video file the text is spoken in")
+    p.add_argument(
+        "--text",
+        "-t",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the transcript: plain text, or .srt/.vtt subtitles whose cue texts are re-timed (UTF-8)",
+    )
+    out = p.add_argument_group("output (without a format option, SRT subtitles are written)")
+    for fmt, text in (
+        ("txt", "plain-text transcript"),
+        ("srt", "SubRip subtitles"),
+        ("vtt", "WebVTT subtitles"),
+        ("json", "text, segments with word times, cues, aligner and options"),
+    ):
+        out.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=text)
+    out.add_argument(
+        "-f",
+        "--output-format",
+        dest="format_lists",
+        action="append",
+        type=_format_list,
+        metavar="FMT",
+        help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+    )
+    out.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="write the outputs in DIR (default: beside the audio)",
+    )
+    out.add_argument(
+        "--overwrite", action="store_true", help="replace existing outputs (without it they are kept)"
+    )
+    model = p.add_argument_group("aligner")
+    model.add_argument(
+        "--aligner",
+        default=None,
+        metavar="A",
+        help=f"forced aligner checkpoint folder or repo id (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER})",
+    )
+    model.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
+    )
+    model.add_argument(
+        "--language",
+        metavar="L",
+        help="the language of the text, by name or code (default: guessed from its script: Japanese with "
+        "kana, Korean with Hangul, Chinese with Han characters, else English); it decides how words are "
+        "cut (Japanese and Korean differ) and must be one the aligner knows",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    return p
+
+
+def _formats(args: argparse.Namespace) -> list[str]:
+    chosen = set(args.formats or [])
+    for names in args.format_lists or []:
+        chosen.update(FORMATS if "all" in names else names)
+    return [f for f in FORMATS if f in chosen] or ["srt"]
+
+
+# --- reading the text -------------------------------------------------------------------------------
+
+_TAG = re.compile(r"<[^<>]*>|\{\\[^{}]*\}")  # <i>, </b>, <c.yellow>, <v Name>, <00:01.000>, {\an8}
+_BLOCKS = re.compile(r"\n[ \t]*\n")
+
+
+def _join_lines(lines: Sequence[str]) -> str:
+    """The lines of a cue or paragraph as one line: a space between them, none between CJK ideographs."""
+    out = ""
+    for line in (" ".join(line.split()) for line in lines):
+        if not line:
+            continue
+        if out and not (is_cjk(out[-1]) and is_cjk(line[0])):
+            out += " "
+        out += line
+    return out
+
+
+def _cue_texts(text: str, vtt: bool) -> list[str]:
+    cues = []
+    for block in _BLOCKS.split(text):
+        lines = block.strip("\n").split("\n")
+        timing = next((i for i, line in enumerate(lines) if "-->" in line), None)
+        if timing is None:  # WEBVTT header, NOTE, STYLE and REGION blocks, stray lines
+            continue
+        body = [_TAG.sub("", line) for line in lines[timing + 1 :]]
+        if vtt:
+            body = [html.unescape(line) for line in body]
+        cues.append(_join_lines(body))
+    return cues
+
+
+def read_blocks(path: Path) -> tuple[list[str], str]:
+    """The blocks of text to time, from a transcript (its paragraphs) or subtitles (its cue texts),
+    and what they are ("paragraph" or "cue"). Raises AlignError naming the file and the reason."""
+    name = f"--text {path}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise AlignError(f"{name}: no such file") from None
+    except OSError as e:
+        raise AlignError(f"{name}: cannot read it ({(e.strerror or str(e)).lower()})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise AlignError(f"{name}: is a folder, not a text file")
+    kind = not_regular_reason(st.st_mode)
+    if kind is not None:
+        raise AlignError(f"{name}: {kind}")
+    if st.st_size > MAX_TEXT_BYTES:
+        raise AlignError(
+            f"{name}: larger than {MAX_TEXT_BYTES // (1024 * 1024)} MB; no transcript is that long"
+        )
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise AlignError(f"{name}: cannot read it ({(e.strerror or str(e)).lower()})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise AlignError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    suffix = path.suffix.lower()
+    if suffix in (".srt", ".vtt") or text.lstrip().startswith("WEBVTT"):
+        blocks, kind = _cue_texts(text, vtt=suffix == ".vtt" or text.lstrip().startswith("WEBVTT")), "cue"
+        if not any(blocks) and text.strip():
+            raise AlignError(
+                f"{name}: no subtitle cues found (no line with a timing such as 00:00:01,000 --> ...)"
+            )
+    else:
+        blocks, kind = [_join_lines(b.split("\n")) for b in _BLOCKS.split(text)], "paragraph"
+    blocks = [b for b in blocks if b]
+    if not blocks:
+        raise AlignError(f"{name}: the text is empty")
+    return blocks, kind
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+class _Say:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def info(self, line: str) -> None:
+        if not self.quiet:
+            print(f"{PROG}: {one_line(line)}", file=sys.stderr, flush=True)
+
+    def warning(self, line: str) -> None:
+        print(f"{PROG}: warning: {one_line(line)}", file=sys.stderr, flush=True)
+
+    def error(self, line: str) -> None:
+        print(f"{PROG}: error: {one_line(line)}", file=sys.stderr, flush=True)
+
+
+def _check_audio(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise AlignError(f"{path}: no such file") from None
+    except OSError as e:
+        raise AlignError(f"{path}: cannot read it ({(e.strerror or str(e)).lower()})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise AlignError(f"{path}: is a folder; give one audio file")
+    kind = not_regular_reason(st.st_mode)
+    if kind is not None:
+        raise AlignError(f"{path}: {kind}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+
+
+def _align(args: argparse.Namespace, say: _Say) -> int:
+    try:
+        language = resolve_language(args.language)
+    except ValueError as e:
+        raise AlignError(f"--language: {e}") from None
+    blocks, kind = read_blocks(args.text)
+    if language is None:
+        language = guess_text_language(" ".join(blocks))
+    _check_audio(args.audio)
+    if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
+        raise AlignError(f"-o/--output-dir: {args.output_dir} is not a folder")
+    try:
+        (job,) = plan_jobs([InputFile(Path(args.audio))], _formats(args), args.output_dir)
+    except OutputClash as e:  # one input: cannot happen, but it would be a usage error
+        raise AlignError(str(e)) from None
+    for path in job.outputs.values():
+        if _same_file(path, args.text):
+            raise AlignError(
+                f"output {path} would replace the --text file; write the outputs elsewhere with -o DIR"
+            )
+    problem = output_problem(job)
+    if problem is not None:
+        raise AlignError(problem, EXIT_FAILED)
+    taken = existing_outputs(job)
+    if taken and not args.overwrite:
+        names = ", ".join(str(job.outputs[f]) for f in taken)
+        if len(taken) == len(job.outputs):
+            say.info(f"kept existing {names}; nothing to do (--overwrite replaces them)")
+            return EXIT_OK
+        say.info(f"keeping existing {names} (--overwrite replaces them)")
+
+    try:
+        decoded = read_audio(args.audio)
+    except AudioError as e:
+        raise AlignError(f"{args.audio}: {e.reason}", EXIT_FAILED) from None
+    signal = decoded.signal
+    try:
+        source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
+        say.info(f"loading aligner {source}")
+        try:
+            aligner = load(source, dtype=args.dtype)
+            require_kind(aligner, "aligner")
+        except Exception as e:
+            raise AlignError(f"aligner {source}: {load_reason(source, e)}") from None
+        known = aligner_languages(aligner)
+        if language not in known:
+            raise AlignError(
+                f"--language: {language} is not among the aligner's languages ({', '.join(known)})"
+            )
+        say.info(f"timing {sum(len(b.split()) for b in blocks)} words in {len(blocks)} {kind}(s)")
+        result = retime_transcript(aligner, signal, blocks, language)
+        result.warnings[:0] = decoded.warnings
+        if decoded.truncated:
+            result.header_duration = decoded.header_seconds
+        options = TranscribeOptions(
+            language=language, max_segment_seconds=PIECE_SECONDS, word_timestamps=True, aligner=source
+        )
+        try:
+            written = write_outputs(job, result, signal, options, model_name=source, overwrite=args.overwrite)
+        except OSError as e:
+            where = f" {e.filename}" if e.filename else ""
+            raise AlignError(
+                f"cannot write output{where} ({(e.strerror or str(e)).lower()})", EXIT_FAILED
+            ) from None
+    finally:
+        signal.close()
+    for warning in result.warnings:
+        say.warning(f"{args.audio}: {warning}")
+    if written.kept:
+        say.info(f"kept existing {', '.join(map(str, written.kept))} (--overwrite replaces them)")
+    if written.written:
+        say.info(f"wrote {', '.join(map(str, written.written))}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `mlxasr align` with the given arguments (default: sys.argv[2:]); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
+    except SystemExit as e:  # usage errors and --help
+        return exit_status(e)
+    say = _Say(args.quiet)
+    try:
+        return _align(args, say)
+    except AlignError as e:
+        say.error(str(e))
+        return e.status
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"{PROG}: terminated; nothing was written", file=sys.stderr)
+        return EXIT_TERMINATED

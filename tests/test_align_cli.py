@@ -1,0 +1,381 @@
+"""`mlxasr align`: a transcript the user has, timed by the forced aligner on a random-weight checkpoint,
+against the official aligner; long audio in pieces (pipeline/retime.py); subtitles re-timed; errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import srt
+from reference import test_signal
+
+from mlx_qwen3asr.audio.cutting import split_on_silence
+from mlx_qwen3asr.audio.files import read_audio
+from mlx_qwen3asr.cli.align import read_blocks
+from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.pipeline import retime
+from mlx_qwen3asr.pipeline.retime import coverage_warning, initial_split, share, transcript_words
+
+TEXT = "So the first thing, I want to talk about today is the budget for next year."
+LONG_TEXT = " ".join(
+    [
+        "so the first thing i want to talk about today is the budget for next year",
+        "and then we will look at what the team has done since the last meeting",
+        "before we open the floor for questions from everyone who is here today",
+    ]
+)
+
+
+def write_wav(path: Path, seconds: float, seed: int) -> Path:
+    sf.write(path, test_signal(seconds, seed=seed), 16000, subtype="FLOAT")
+    return path
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    capsys.readouterr()
+    status = main(["align", *map(str, args)])
+    return status, capsys.readouterr().err
+
+
+def words_of(json_path: Path) -> list[dict]:
+    doc = json.loads(json_path.read_text(encoding="utf-8"))
+    return [w for seg in doc["segments"] for w in seg["words"]]
+
+
+# --- parity with the official aligner ----------------------------------------------------------------
+
+
+def test_times_match_the_official_aligner_for_the_same_audio_and_text(tmp_path, checkpoints, capsys):
+    import torch
+    from official import official_aligner_module
+    from reference import OfficialAligner
+
+    seconds = 100.0
+    audio = write_wav(tmp_path / "talk.wav", seconds, seed=11)
+    (tmp_path / "talk.txt").write_text(LONG_TEXT + "\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--json", "--dtype", "float32")
+    assert status == 0, err
+    ours = words_of(tmp_path / "talk.json")
+
+    official = OfficialAligner(checkpoints("aligner-tiny"))
+    processor = official_aligner_module().Qwen3ForceAlignProcessor()
+    words, _ = processor.encode_timestamp(LONG_TEXT, "English")
+    decoded = read_audio(audio)
+    wav = decoded.signal.read(0, len(decoded.signal))
+    _, classes, _ = official.run(wav, words)
+    timestamp_ms = (torch.from_numpy(classes) * 80.0).numpy()  # as the official align() computes it
+    expected = [
+        # Our times are kept inside the audio; the official ones of a random-weight model may run past it.
+        (w["text"], min(w["start_time"] / 1000.0, seconds), min(w["end_time"] / 1000.0, seconds))
+        for w in processor.parse_timestamp(words, timestamp_ms)
+    ]
+    assert [w["text"] for w in ours] == [text for text, _, _ in expected]
+    got = [t for w in ours for t in (w["start"], w["end"])]
+    assert got == pytest.approx([t for _, a, b in expected for t in (a, b)], abs=1e-9)
+    # The comparison has teeth: some times lie inside the audio (a random-weight aligner mostly names
+    # classes past its end; test_align.py compares the classes themselves on many texts).
+    inside = {t for _, a, b in expected for t in (a, b) if t < seconds}
+    assert len(inside) >= 2 and len(expected) > 30
+
+
+# --- long audio: pieces --------------------------------------------------------------------------------
+
+
+def test_long_audio_is_aligned_in_pieces_with_every_word_in_order(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(retime, "PIECE_SECONDS", 12.0)
+    seen: list[float] = []
+    real = retime.align_pieces
+
+    def spy(aligner, signal, spans, items, **kw):
+        seen.extend(span.duration for span in spans)
+        return real(aligner, signal, spans, items, **kw)
+
+    monkeypatch.setattr(retime, "align_pieces", spy)
+    audio = write_wav(tmp_path / "long.wav", 40.0, seed=4)
+    paragraphs = [LONG_TEXT, "and that is all for today thank you"]
+    (tmp_path / "words.txt").write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "words.txt", "--json", "--txt")
+    assert status == 0, err
+    assert len(seen) > 3 and max(seen) <= 12.0  # several pieces, none longer than the limit
+    doc = json.loads((tmp_path / "long.json").read_text(encoding="utf-8"))
+    assert [s["text"] for s in doc["segments"]] == paragraphs
+    assert (tmp_path / "long.txt").read_text(encoding="utf-8") == "\n\n".join(paragraphs) + "\n"
+    words = words_of(tmp_path / "long.json")
+    assert [w["text"] for w in words] == " ".join(paragraphs).split()
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and all(w["start"] <= w["end"] for w in words)
+    decoded = read_audio(audio)
+    pieces = [(p.start_seconds, p.end_seconds) for p in split_on_silence(decoded.signal, 12.0)]
+    assert len(pieces) >= 4
+    for w in words:
+        assert any(a - 1e-3 <= w["start"] <= w["end"] <= b + 1e-3 for a, b in pieces), w
+
+
+def pace(truth: list[tuple[float, float]]):
+    """A stand-in aligner that knows when each word is spoken: inside its piece it gives that time, a word
+    spoken before or after the piece is piled at the piece's edge, as the real aligner piles words it
+    does not hear."""
+    calls: list[list[int]] = []
+
+    def align(indices, ranges, spans):
+        out = []
+        for p, (lo, hi) in zip(indices, ranges):
+            start, end = spans[p]
+            calls.append([p, lo, hi])
+            out.append(
+                [
+                    (a, b) if start <= a and b <= end else ((start, start) if b <= start else (end, end))
+                    for a, b in truth[lo:hi]
+                ]
+            )
+        return out
+
+    return align, calls
+
+
+@pytest.mark.parametrize("spoken", [(5, 15, 10), (15, 5, 10), (8, 8, 14)])
+def test_words_move_to_the_piece_they_are_spoken_in(spoken):
+    spans = [(0.0, 10.0), (10.0, 20.0), (20.0, 30.0)]
+    truth = []
+    for (a, b), count in zip(spans, spoken):  # each piece's words evenly over its second half
+        step = (b - a) / 2 / count
+        truth += [(a + (b - a) / 2 + i * step, a + (b - a) / 2 + (i + 0.8) * step) for i in range(count)]
+    weights = [1.0] * len(truth)
+    assert initial_split(weights, [10, 10, 10]) != [0, spoken[0], spoken[0] + spoken[1], len(truth)]
+    align, calls = pace(truth)
+    shared = share(weights, spans, lambda i, r: align(i, r, spans))
+    assert shared.bounds == [0, spoken[0], spoken[0] + spoken[1], len(truth)]
+    assert np.allclose(shared.times, truth)
+    assert shared.piled_at_end == 0 and 1 <= shared.rounds <= retime.MAX_ROUNDS
+
+
+def test_a_boundary_moves_words_one_way_only():
+    spans = [(0.0, 10.0), (10.0, 20.0)]
+
+    def contrary(indices, ranges):
+        """Piece 0 piles all its words at its end; piece 1 piles at its start whatever it was given
+        beyond its own three words: each piece sends the words back."""
+        out = []
+        for p, (lo, hi) in zip(indices, ranges):
+            if p == 0:
+                out.append([(10.0, 10.0)] * (hi - lo))
+            else:
+                extra = max(hi - lo - 3, 0)
+                out.append([(10.0, 10.0)] * extra + [(12.0 + i, 12.5 + i) for i in range(hi - lo - extra)])
+        return out
+
+    shared = share([1.0] * 6, spans, contrary)
+    assert shared.bounds == [0, 0, 6]  # moved forward once, and never back
+    assert shared.rounds == 1
+
+
+def test_initial_split_follows_the_durations():
+    assert initial_split([1.0] * 8, [10.0, 30.0]) == [0, 2, 8]
+    assert initial_split([3.0, 1.0, 1.0, 1.0], [10.0, 10.0]) == [0, 1, 4]
+    assert initial_split([1.0] * 10, [5.0]) == [0, 10]
+    assert initial_split([], [5.0, 5.0]) == [0, 0, 0]
+
+
+def test_coverage_warning():
+    assert coverage_warning(20, 120.0, 10.0, 0) is None
+    assert "more than speech holds" in coverage_warning(400, 2400.0, 10.0, 0)
+    assert "piled at the end of the audio" in coverage_warning(20, 120.0, 10.0, 5)
+
+
+# --- subtitles in ----------------------------------------------------------------------------------------
+
+SRT_IN = """\
+1
+00:00:01,000 --> 00:00:04,000
+<i>So the first thing,</i>
+I want to talk about
+
+2
+00:00:05,000 --> 00:00:09,000
+today is the budget
+
+3
+00:00:10,000 --> 00:00:12,500
+for next year.
+"""
+
+VTT_IN = """\
+WEBVTT
+
+NOTE a corrected transcript
+
+intro
+00:01.000 --> 00:04.000
+<v Ann>So the first thing, &amp; then</v>
+
+00:05.000 --> 00:09.000 align:start
+today is the budget
+"""
+
+
+def test_subtitles_are_read_as_their_cue_texts(tmp_path):
+    (tmp_path / "a.srt").write_text(SRT_IN, encoding="utf-8-sig")
+    (tmp_path / "b.vtt").write_text(VTT_IN, encoding="utf-8")
+    (tmp_path / "c.txt").write_text("first  paragraph\nstill first\n\n\nsecond 你\n好\n", encoding="utf-8")
+    assert read_blocks(tmp_path / "a.srt") == (
+        ["So the first thing, I want to talk about", "today is the budget", "for next year."],
+        "cue",
+    )
+    assert read_blocks(tmp_path / "b.vtt") == (["So the first thing, & then", "today is the budget"], "cue")
+    assert read_blocks(tmp_path / "c.txt") == (["first paragraph still first", "second 你好"], "paragraph")
+
+
+def test_srt_is_retimed_keeping_its_cue_texts(tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 100.0, seed=11)
+    (tmp_path / "fixed.srt").write_text(SRT_IN, encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "fixed.srt", "--srt", "--json")
+    assert status == 0, err
+    cues = ["So the first thing, I want to talk about", "today is the budget", "for next year."]
+    doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
+    assert [s["text"] for s in doc["segments"]] == cues
+    assert all(s["timing"] == "aligned" for s in doc["segments"])
+    out = list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
+    # Each output cue lies within one input cue: the cue boundaries are kept.
+    texts = [" ".join(c.content.split()) for c in out]
+    owners, index, rest = [], 0, cues[0]
+    for text in texts:
+        if not rest:  # the input cue is used up: the next output cue starts the next one
+            index += 1
+            rest = cues[index]
+        assert rest.startswith(text), (text, rest)  # never a piece of two input cues
+        rest = rest[len(text) :].lstrip()
+        owners.append(index)
+    assert owners[-1] == 2 and not rest
+
+
+# --- no-clobber ------------------------------------------------------------------------------------------
+
+
+def test_existing_outputs_are_kept_without_overwrite(tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 8.0, seed=1)
+    (tmp_path / "talk.txt").write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "talk.srt").write_text("mine\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--srt", "--json", "-o", out)
+    assert status == 0, err
+    assert (out / "talk.srt").read_text(encoding="utf-8") == "mine\n"
+    assert (out / "talk.json").is_file() and "kept existing" in err
+    json_before = (out / "talk.json").read_bytes()
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--srt", "--json", "-o", out)
+    assert status == 0 and "nothing to do" in err
+    assert (out / "talk.json").read_bytes() == json_before
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--srt", "-o", out, "--overwrite")
+    assert status == 0, err
+    assert list(srt.parse((out / "talk.srt").read_text(encoding="utf-8")))
+    assert sorted(p.name for p in out.iterdir()) == ["talk.json", "talk.srt"]
+
+
+# --- warnings and errors ------------------------------------------------------------------------------------
+
+
+def test_a_transcript_the_audio_cannot_hold_is_warned_about(tmp_path, capsys):
+    audio = write_wav(tmp_path / "short.wav", 2.0, seed=2)
+    (tmp_path / "long.txt").write_text(" ".join([LONG_TEXT] * 10), encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "long.txt", "--json")
+    assert status == 0, err
+    warnings = [line for line in err.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "more than speech holds" in warnings[0], err
+    assert "more than speech holds" in json.loads((tmp_path / "short.json").read_text())["warnings"][0]
+
+
+def errors_of(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "error:" in line]
+
+
+@pytest.mark.parametrize(
+    "case, status, message",
+    [
+        ("missing audio", 2, "nope.wav: no such file"),
+        ("folder as audio", 2, "is a folder"),
+        ("missing text", 2, "--text {tmp}/nope.txt: no such file"),
+        ("empty text", 2, "the text is empty"),
+        ("not utf-8", 2, "not UTF-8 text"),
+        ("srt without cues", 2, "no subtitle cues found"),
+        ("speech model as aligner", 2, "speech recognition model; word timing needs a Qwen3-ForcedAligner"),
+        ("unsupported language", 2, "Thai is not among the aligner's languages"),
+        ("unknown language", 2, "--language"),
+        ("undecodable audio", 1, "bad.wav"),
+        ("output is the text", 2, "would replace the --text file"),
+    ],
+)
+def test_errors_are_one_line_and_write_nothing(case, status, message, tmp_path, capsys, checkpoints):
+    audio = write_wav(tmp_path / "talk.wav", 3.0, seed=1)
+    text = tmp_path / "talk.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    args = [audio, "--text", text, "--json", "--srt"]
+    if case == "missing audio":
+        args[0] = tmp_path / "nope.wav"
+    elif case == "folder as audio":
+        args[0] = tmp_path
+    elif case == "missing text":
+        args[2] = tmp_path / "nope.txt"
+    elif case == "empty text":
+        text.write_text(" \n\n ", encoding="utf-8")
+    elif case == "not utf-8":
+        text.write_bytes(b"caf\xe9\n")
+    elif case == "srt without cues":
+        args[2] = tmp_path / "x.srt"
+        args[2].write_text("just words\n", encoding="utf-8")
+    elif case == "speech model as aligner":
+        args += ["--aligner", checkpoints("tiny")]
+    elif case == "unsupported language":
+        args += ["--language", "th"]
+    elif case == "unknown language":
+        args += ["--language", "xx-nope"]
+    elif case == "undecodable audio":
+        args[0] = tmp_path / "bad.wav"
+        args[0].write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(range(200)))
+    elif case == "output is the text":
+        args[2] = tmp_path / "talk.srt"
+        args[2].write_text(SRT_IN, encoding="utf-8")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    got, err = run(capsys, *args)
+    assert got == status, err
+    (line,) = errors_of(err)
+    assert message.format(tmp=tmp_path) in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_help_of_align(capsys):
+    assert main(["align", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--text" in text and "exit status" in text and ".srt" in text
+
+
+def test_transcript_words_keep_their_blocks_and_punctuation():
+    words = transcript_words(["Hello, world!", "«Bonjour» le monde."], "French")
+    assert [(w.block, w.item) for w in words] == [
+        (0, "Hello"),
+        (0, "world"),
+        (1, "Bonjour"),
+        (1, "le"),
+        (1, "monde"),
+    ]
+    assert [w.char_end - w.char_start for w in words] == [6, 6, 9, 2, 6]
+    assert np.all([w.weight > 1 for w in words])
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [
+        ("今日はいい天気ですね", "Japanese"),
+        ("오늘은 날씨가 좋네요", "Korean"),
+        ("今天天气很好", "Chinese"),
+        ("Heute ist das Wetter schön", "English"),
+    ],
+)
+def test_without_language_the_script_of_the_text_decides(text, language, tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 4.0, seed=5)
+    (tmp_path / "talk.txt").write_text(text + "\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--json")
+    assert status == 0, err
+    assert json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))["language"] == language
