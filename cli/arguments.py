@@ -22,8 +22,9 @@ from mlx_qwen3asr.cli.options import (
     number_in,
     span,
 )
+from mlx_qwen3asr.cli.stdio import STDIN
 from mlx_qwen3asr.outputs.cue_types import CueOptions
-from mlx_qwen3asr.outputs.render import FORMATS
+from mlx_qwen3asr.outputs.render import FORMATS, HIGHLIGHT_STYLES
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
 from mlx_qwen3asr.runtime.backend import tuning
 
@@ -49,6 +50,14 @@ name mirroring its tree ("rec/a/b.wav" -> "DIR/rec/a/b.srt"), each file argument
 Files whose outputs all exist are skipped, so an interrupted run resumes."""
 
 EPILOG = f"""\
+commands (each with its own --help):
+  mlxasr PATH ...                  transcribe files and folders (the default)
+  mlxasr align AUDIO --text FILE   time a transcript or subtitles you already have
+  mlxasr convert SRC -o DST        convert a checkpoint to MLX, optionally quantized
+  mlxasr serve                     run the transcription server (OpenAI-compatible API)
+  A first argument align, convert or serve always names the command: to transcribe a file
+  or folder of that name, write it as ./serve (./align, ./convert).
+
 examples:
   mlxasr ./recordings --srt
   mlxasr talk.m4a interview.wav -f srt,vtt,json -o subtitles/
@@ -58,7 +67,9 @@ existing outputs:
   An existing output file is never replaced unless --overwrite is given. A file whose requested
   outputs all exist is skipped (said so if the input is newer than them); one with some of them
   missing is transcribed and only the missing ones are written, the others are kept and named.
-  An output that appears while its file is being transcribed is kept too.
+  An output that appears while its file is being transcribed is kept too. A run with --overwrite
+  marks each file to replace with a hidden ".NAME.mlxasr-redo" beside its outputs until it has: if
+  it is stopped, a rerun without --overwrite redoes the marked files and skips the finished ones.
 
 exit status:
   {EXIT_OK}    every file was transcribed, or skipped because its outputs exist
@@ -70,7 +81,7 @@ exit status:
        written, the model could not be loaded, or it is a forced aligner rather than a speech
        recognition model; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
-       are left, and rerunning resumes ({EXIT_TERMINATED} for SIGTERM)
+       are left, and rerunning without --overwrite resumes ({EXIT_TERMINATED} for SIGTERM)
 
 The model is loaded only when there is something to transcribe; the default model can be set
 with the {MODEL_ENV} environment variable."""
@@ -88,6 +99,19 @@ def _format_list(value: str) -> list[str]:
     return names
 
 
+class _CueOption(argparse.Action):
+    """Stores a subtitle cue option's value and records that the user gave it (args.cue_options_given,
+    by option name), so that a run writing no subtitles can say it is ignored."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        given = list(getattr(namespace, "cue_options_given", None) or [])
+        name = self.option_strings[-1]
+        if name not in given:
+            given.append(name)
+        namespace.cue_options_given = given
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The mlxasr argument parser."""
     p = argparse.ArgumentParser(
@@ -96,7 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="audio or video files and folders")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help=f"audio or video files and folders; {STDIN} reads audio from standard input (e.g. "
+        f"ffmpeg ... -f wav - | mlxasr {STDIN} --srt): without -o its one format's text goes to standard "
+        f"output, with -o it is written as DIR/stdin.<format>, the only way to give {STDIN} with other PATHs",
+    )
+    p.set_defaults(cue_options_given=[])
 
     out = p.add_argument_group("output (without a format option, a .txt transcript is written)")
     for fmt, text in (
@@ -161,7 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="force the language, by name or code (English, en, zh, ...); default: detect per segment",
     )
     ctx = rec.add_mutually_exclusive_group()
-    ctx.add_argument("--context", metavar="TEXT", help="text that biases recognition: names, terms, topic")
+    ctx.add_argument(
+        "--context",
+        "--initial-prompt",
+        dest="context",
+        metavar="TEXT",
+        help="text that biases recognition: names, terms, topic (--initial-prompt, as whisper calls it, is the same)",
+    )
     ctx.add_argument("--context-file", type=Path, metavar="F", help="read the --context text from a file")
     rec.add_argument(
         "--max-segment-seconds",
@@ -174,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_speech_detection(rec)
     add_batch_size(rec, "from one long file or from several files", f", at most {tuning().max_batch}")
 
-    cues = p.add_argument_group("subtitle cues")
+    cues = p.add_argument_group("subtitle cues (only SRT and VTT are cut into cues; ignored without them)")
     defaults = CueOptions()
     cues.add_argument(
         "--max-line-width",
+        action=_CueOption,
         type=int_in(LINE_WIDTH_RANGE),
         default=defaults.max_width,
         metavar="N",
@@ -186,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--max-line-count",
+        action=_CueOption,
         type=int_in(LINE_COUNT_RANGE),
         default=defaults.max_lines,
         metavar="N",
@@ -193,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--max-cue-seconds",
+        action=_CueOption,
         type=number_in(CUE_SECONDS_RANGE),
         default=defaults.max_duration,
         metavar="S",
@@ -201,11 +242,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--highlight-words",
-        action="store_true",
-        help="underline the word being spoken in SRT (<u>) and tag each word's time in VTT (needs word timing)",
+        action=_CueOption,
+        nargs=0,
+        const=True,
+        default=False,
+        help="show which word is being spoken (needs word timing), in the --highlight-style",
+    )
+    cues.add_argument(
+        "--highlight-style",
+        action=_CueOption,
+        choices=HIGHLIGHT_STYLES,
+        default=HIGHLIGHT_STYLES[0],
+        help="underline (the default, as whisper does) repeats the cue once per word with that word in "
+        "<u>...</u>, in SRT and VTT; karaoke tags each word's time in VTT (<00:00:01.000>) for players that "
+        "colour the words said, and underlines in SRT",
     )
     cues.add_argument(
         "--max-words-per-line",
+        action=_CueOption,
         type=int_in(WORDS_PER_LINE_RANGE),
         default=None,
         metavar="N",
@@ -213,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--pause-seconds",
+        action=_CueOption,
         type=number_in(PAUSE_SECONDS_RANGE),
         default=defaults.pause,
         metavar="S",
@@ -220,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--min-cue-gap",
+        action=_CueOption,
         type=number_in(CUE_GAP_RANGE),
         default=defaults.min_gap,
         metavar="S",
@@ -227,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cues.add_argument(
         "--max-chars-per-second",
+        action=_CueOption,
         type=number_in(CPS_RANGE, "characters per second"),
         default=defaults.max_cps,
         metavar="N",

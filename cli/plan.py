@@ -18,6 +18,7 @@ from mlx_qwen3asr.outputs.folder import (
     output_problem,
     outputs_older_than_input,
     prepare_output_folder,
+    redo_pending,
     remove_stale_temporaries,
 )
 
@@ -34,16 +35,20 @@ class Plan:
     stale: bool = False  # skipped although the input changed after some of its outputs
     replace: list[Path] = field(default_factory=list)  # existing outputs replaced (--overwrite)
     problem: str | None = None  # why its outputs cannot be written: the file fails, untranscribed
+    redo: bool = False  # an interrupted --overwrite run left it to redo: its outputs are replaced
 
 
 def plan_file(job: FileJob, overwrite: bool) -> Plan:
-    """What to do with job, from the outputs that exist (all kept unless overwrite)."""
+    """What to do with job, from the outputs that exist (all kept unless overwrite, or unless a run with
+    --overwrite was stopped before it had replaced them)."""
     problem = output_problem(job)
     if problem is not None:
         return Plan(job, [], problem=problem)
     existing = [job.outputs[fmt] for fmt in existing_outputs(job)]
     if overwrite:
         return Plan(job, [], replace=existing)
+    if existing and redo_pending(job):
+        return Plan(job, [], replace=existing, redo=True)
     skip = len(existing) == len(job.outputs)
     return Plan(job, existing, skip, skip and outputs_older_than_input(job))
 
@@ -77,6 +82,8 @@ def dry_run(plans: list[Plan], input_errors: int, report: Reporter, out: TextIO)
             line += f"; keeping existing {path_list(plan.keep)} ({use_overwrite(plan.keep)})"
         if plan.replace:
             line += f"; replacing existing {path_list(plan.replace)}"
+            if plan.redo:
+                line += " (an interrupted run with --overwrite left it to redo)"
         report.write(out, line)
     todo = sum(not plan.skip and plan.problem is None for plan in plans)
     failed = input_errors + sum(plan.problem is not None for plan in plans)

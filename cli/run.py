@@ -37,14 +37,19 @@ from mlx_qwen3asr.cli.plan import (
 )
 from mlx_qwen3asr.cli.reporter import Reporter, Summary, duration, printable
 from mlx_qwen3asr.cli.signals import Terminated
+from mlx_qwen3asr.cli.stdio import STDIN, STDIN_NAME, StdinInput, spill_stdin, stdin_problem
 from mlx_qwen3asr.outputs.cue_types import CueOptions
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
+    InputFile,
     OutputClash,
     TranscribeOptions,
+    clear_redo,
     find_inputs,
+    mark_redo,
     output_problem,
     plan_jobs,
+    redo_pending,
     write_outputs,
 )
 from mlx_qwen3asr.pipeline.scheduler import InputResult, transcribe_stream
@@ -56,6 +61,25 @@ __all__ = ["run"]
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    problem = stdin_problem(args.paths, chosen_formats(args), args.output_dir)
+    if problem is not None:
+        parser.error(f"argument PATH: {problem}")
+    if STDIN not in args.paths:
+        return _run(parser, args, out, err, None)
+    stdin = StdinInput.make(args.output_dir)
+    try:
+        return _run(parser, args, out, err, stdin)
+    finally:
+        stdin.remove()
+
+
+def _run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    stdin: StdinInput | None,
+) -> int:
     started = time.monotonic()
     # Checks that need neither the model nor any audio come first.
     try:
@@ -80,34 +104,49 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, 
         max_cps=args.max_chars_per_second,
         max_words_per_line=args.max_words_per_line,
     )
+    subtitles = bool({"srt", "vtt"} & set(formats))
     if args.word_timestamps is None:  # timing words matters for subtitles, not for a transcript
-        args.word_timestamps = bool({"srt", "vtt"} & set(formats))
+        args.word_timestamps = subtitles
     check_vad(parser, args)
-    if args.highlight_words and not args.word_timestamps:
-        parser.error("argument --highlight-words: needs word timing (drop --no-word-timestamps)")
+    if args.highlight_words and subtitles and not args.word_timestamps:
+        parser.error("argument --highlight-words: needs word timing, which --no-word-timestamps turns off")
+    # Cue options shape SRT and VTT only; the style matters only with --highlight-words.
+    highlight = args.highlight_style if args.highlight_words and subtitles else None
     options = TranscribeOptions(
         language=language,
         context=context,
         max_segment_seconds=args.max_segment_seconds,
         cues=cue_options,
         word_timestamps=args.word_timestamps,
-        highlight_words=args.highlight_words,
+        highlight_words=highlight,
         vad=vad_options(args),
     )
 
+    transcript = out
+    if stdin is not None and stdin.to_stdout:
+        out = err  # standard output carries the transcript alone
     report = Reporter(out, err, quiet=args.quiet, verbose=args.verbose)
+    if not subtitles and args.cue_options_given:
+        names = ", ".join(args.cue_options_given)
+        affect = "affects" if len(args.cue_options_given) == 1 else "affect"
+        report.warning(f"{names} only {affect} subtitles (--srt, --vtt); ignored")
     summary = Summary()
-    inputs, input_errors = find_inputs(args.paths)
+    paths = [p for p in args.paths if p != STDIN]
+    inputs, input_errors = find_inputs(paths)
     for problem in input_errors:
         report.error(str(problem))
         summary.failed.append((problem.path, problem.reason))
-    if not any(os.path.lexists(p) for p in args.paths):
+    if stdin is None and not any(os.path.lexists(p) for p in paths):
         return EXIT_USAGE
-    if not inputs and not input_errors:  # a refused input has had its own line
-        report.warning("no audio or video files found in " + ", ".join(map(str, args.paths)))
+    if not inputs and not input_errors and stdin is None:  # a refused input has had its own line
+        report.warning("no audio or video files found in " + ", ".join(map(str, paths)))
+    stdin_input = InputFile(Path(STDIN_NAME))
+    if stdin is not None:
+        inputs.append(stdin_input)
 
+    output_dir = stdin.folder if stdin is not None and stdin.to_stdout else args.output_dir
     try:
-        jobs = plan_jobs(inputs, formats, args.output_dir)
+        jobs = plan_jobs(inputs, formats, output_dir)
     except OutputClash as e:
         parser.error(printable(str(e)))
     plans = [plan_file(job, args.overwrite) for job in jobs]
@@ -132,7 +171,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, 
             elif args.verbose:
                 report.info(f"  skipped {plan.job.path}")
 
+    redone = [plan for plan in plans if plan.redo]
+    if redone:
+        report.info(f"redoing {len(redone)} file(s) that an interrupted run with --overwrite left unfinished")
+
     status = EXIT_OK
+    resumable = True  # a rerun without --overwrite picks up where this run stops
+    todo = _read_stdin(todo, stdin_input, stdin, report, summary)
     if todo:
         created: list[Path] = []
         todo, writable = prepare_folders(todo, report, summary, created)
@@ -140,6 +185,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, 
             remove_created(created)
             report.error("no output folder can be written; nothing was transcribed")
             return EXIT_USAGE
+        if args.overwrite:  # until a file's outputs are replaced, a rerun without --overwrite redoes it
+            replacing = {id(plan.job) for plan in plans if plan.replace}
+            resumable = all([mark_redo(job) for job in todo if id(job) in replacing])
         try:
             status = _transcribe_all(todo, args, options, report, summary)
         except KeyboardInterrupt:
@@ -155,8 +203,16 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, 
     summary.remaining = len(todo) - summary.processed
     summary.wall_seconds = time.monotonic() - started
     if summary.interrupted:
-        report.write(err, "mlxasr: interrupted; finished files are kept, rerun to resume")
+        if not args.overwrite:
+            resume = "rerun to resume"
+        elif resumable:
+            resume = "rerun without --overwrite to resume (files finished in this run are up to date)"
+        else:
+            resume = "rerun with --overwrite to redo them all"
+        report.write(err, f"mlxasr: interrupted; finished files are kept, {resume}")
     report.summary(summary)
+    if stdin is not None and stdin.to_stdout and summary.done:
+        _print_transcript(next(iter(jobs[-1].outputs.values())), transcript)
     if summary.interrupted:
         return status
     return EXIT_FAILED if summary.failed else EXIT_OK
@@ -193,16 +249,15 @@ def _transcribe_all(
             return EXIT_USAGE
         aligner = loaded.model
         options = replace(options, aligner=None if aligner is None else loaded.source)
-    timing = f", words timed by {options.aligner}" if options.aligner else ""
-    report.info(f"loaded in {time.monotonic() - t0:.1f} s; transcribing {len(todo)} file(s){timing}")
+    loaded_seconds = time.monotonic() - t0
 
-    estimates = [estimate_duration(j.path) for j in todo]
+    estimates = [estimate_duration(j.audio) for j in todo]
     report.start(estimates)
-    report.batch_started(len(todo), args.batch_size)
+    report.batch_started(len(todo), args.batch_size, loaded_seconds=loaded_seconds, aligner=options.aligner)
     started = time.monotonic()
     stream = transcribe_stream(
         model,
-        [j.path for j in todo],
+        [j.audio for j in todo],
         language=options.language,
         context=options.context,
         max_segment_seconds=options.max_segment_seconds,
@@ -210,6 +265,7 @@ def _transcribe_all(
         skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
         vad=options.vad or False,
         on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
+        on_progress=report.progress,
         aligner=aligner,
     )
     try:
@@ -218,7 +274,7 @@ def _transcribe_all(
             reason = _finish_one(job, res, args, options, report, summary)
             summary.processed += 1
             seconds = None if reason is not None else res.transcription.duration
-            report.file_finished(summary.processed, len(todo), estimates[res.index], seconds)
+            report.file_finished(summary.processed, len(todo), res.index, seconds)
             if reason is not None:
                 summary.failed.append((str(job.path), reason))
                 report.error(f"{job.path}: {reason}")
@@ -230,6 +286,35 @@ def _transcribe_all(
     finally:
         stream.close()
     return EXIT_OK
+
+
+def _read_stdin(
+    todo: list[FileJob], stdin_input: InputFile, stdin: StdinInput | None, report: Reporter, summary: Summary
+) -> list[FileJob]:
+    """Copy standard input to its temporary file when it is to be transcribed; the jobs left to do."""
+    job = next((j for j in todo if j.input is stdin_input), None)
+    if job is None or stdin is None:
+        return todo
+    try:
+        job.source = spill_stdin(stdin.folder)
+        reason = None if job.source.stat().st_size else "nothing was written to standard input"
+    except OSError as e:
+        reason = f"cannot copy standard input to {stdin.folder} ({(e.strerror or str(e)).lower()})"
+    if reason is None:
+        return todo
+    summary.failed.append((str(job.path), reason))
+    report.error(f"{job.path}: {reason}")
+    return [j for j in todo if j is not job]
+
+
+def _print_transcript(path: Path, out: TextIO) -> None:
+    """Write an output written for standard output there, as it is."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return
+    out.write(text)
+    out.flush()
 
 
 def _write_error(e: OSError) -> str:
@@ -267,10 +352,11 @@ def _finish_one(
             options,
             model_name=args.model,
             silent=res.skipped,
-            overwrite=args.overwrite,
+            overwrite=args.overwrite or redo_pending(job),
         )
     except Exception as e:  # a failure in one file must not end the batch
         return _failure(e)
+    clear_redo(job)
     # A folder or other non-regular file that appeared in an output's place at the last moment is no
     # output kept: the file has no transcript there.
     taken = next((p for p in written.kept if not os.path.isfile(p)), None)
@@ -279,17 +365,7 @@ def _finish_one(
     if written.kept:
         summary.kept += len(written.kept)
         report.info(f"kept existing {path_list(written.kept)} ({use_overwrite(written.kept)})")
-    warnings = []
-    if written.silent:
-        warnings.append("silent audio, nothing to transcribe; the outputs are empty")
-    flagged = [s for s in written.transcription.segments if s.truncated or s.repetitive]
-    if flagged:
-        warnings.append(
-            f"{len(flagged)} segment(s) ran into a loop or the token limit; "
-            "their text may be incomplete (flagged in JSON output)"
-        )
-    # What decoding noticed about the file (e.g. audio shorter than its header states).
-    warnings.extend(str(w) for w in getattr(res.transcription, "warnings", None) or [])
+    warnings = written.warnings  # exactly the JSON output's "warnings" (outputs.folder.file_warnings)
     for warning in warnings:
         report.warning(f"{job.path}: {warning}")
     summary.warned += bool(warnings)

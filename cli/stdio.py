@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["open_closed_standard_streams"]
+__all__ = [
+    "STDIN",
+    "STDIN_NAME",
+    "StdinInput",
+    "open_closed_standard_streams",
+    "spill_stdin",
+    "stdin_problem",
+]
+
+# The PATH that means audio on standard input, and what messages and output names call that input.
+STDIN = "-"
+STDIN_NAME = "stdin"
 
 _STREAMS = ((0, "stdin", os.O_RDONLY, "r"), (1, "stdout", os.O_WRONLY, "w"), (2, "stderr", os.O_WRONLY, "w"))
 
@@ -33,3 +50,56 @@ def open_closed_standard_streams() -> None:
         if getattr(sys, name) is None:
             stream = open(fd, mode, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
             setattr(sys, name, stream)
+
+
+def spill_stdin(folder: Path, stream: BinaryIO | None = None) -> Path:
+    """Copy standard input (or stream) to folder/stdin, and return that path.
+
+    The audio is decoded from the copy: decoders seek, and a pipe cannot. It is as long as the stream
+    is, like any file the user names. Raises OSError when it cannot be read or written.
+    """
+    source = stream if stream is not None else sys.stdin.buffer
+    path = folder / STDIN_NAME
+    with open(path, "xb") as copy:
+        shutil.copyfileobj(source, copy, 1 << 20)
+    return path
+
+
+def stdin_problem(paths: Sequence[str], formats: Sequence[str], output_dir: Path | None) -> str | None:
+    """Why `-` (audio on standard input) cannot be used as asked, or None: with other PATHs it needs
+    -o DIR, and without -o only one format can go to standard output; standard input must not be a
+    terminal."""
+    if STDIN not in paths:
+        return None
+    if output_dir is None:
+        if any(p != STDIN for p in paths):
+            return f"{STDIN} (standard input) with other PATHs needs -o DIR"
+        if len(formats) > 1:
+            return (
+                f"{STDIN} without -o writes one format to standard output, not {len(formats)} "
+                f"({', '.join(formats)}); choose one, or give -o DIR"
+            )
+    try:
+        terminal = sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):
+        terminal = False
+    if terminal:
+        return f"{STDIN} reads audio from standard input, which is a terminal; pipe audio in"
+    return None
+
+
+@dataclass
+class StdinInput:
+    """Audio on standard input, as a folder run takes it: an input named "stdin", read from a copy in a
+    temporary folder, whose outputs go to -o DIR, or (without -o) to that folder and then to standard
+    output."""
+
+    folder: Path
+    to_stdout: bool
+
+    @classmethod
+    def make(cls, output_dir: Path | None) -> StdinInput:
+        return cls(Path(tempfile.mkdtemp(prefix="mlxasr-stdin-")), output_dir is None)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -55,8 +55,9 @@ def spy_batches(base: type = DecodeBatch) -> Record:
     return record
 
 
-def script_batches(say: Callable[[list[int]], list[int]]) -> Record:
-    """Decoding replaced: every row's tokens are say(prompt), all done in one step, ended by EOS."""
+def script_batches(say: Callable[[list[int]], list[int]], *, to_budget: bool = False) -> Record:
+    """Decoding replaced: every row's tokens are say(prompt), all done in one step, ended by EOS; with
+    to_budget, every row is instead reported as having run to its token budget (truncated)."""
     record = Record()
 
     class Scripted:
@@ -80,7 +81,7 @@ def script_batches(say: Callable[[list[int]], list[int]]) -> Record:
         def step(self):
             record.sizes.append(len(self))
             done, self.pending = self.pending, []
-            return [(k, Generation(tokens, truncated=False, repetitive=False)) for k, tokens in done]
+            return [(k, Generation(tokens, truncated=to_budget, repetitive=False)) for k, tokens in done]
 
         def drop(self, keys):
             self.pending = [(k, t) for k, t in self.pending if k not in keys]

@@ -132,7 +132,9 @@ def check_outputs(stem: Path, silent: bool = False) -> None:
     else:
         assert subs and doc["segments"] and txt.strip()
         fields = {"start", "end", "text", "language", "truncated", "repetitive", "timing", "words"}
+        fields |= {"avg_logprob", "no_speech_prob"}
         assert all(set(s) == fields for s in doc["segments"])
+        assert all(s["avg_logprob"] <= 0 <= s["no_speech_prob"] <= 1 for s in doc["segments"])
         assert all(s["timing"] in ("aligned", "estimated") for s in doc["segments"])
         assert doc["duration"] == pytest.approx(doc["segments"][-1]["end"])
 
@@ -380,7 +382,7 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
     args = ["--max-line-width", "12", "--max-line-count", "1", "--max-cue-seconds", "1.5"]
     args += ["--max-segment-seconds", "2", "--context", "Qwen", "--dtype", "float32"]
     args += ["--max-words-per-line", "3", "--pause-seconds", "0.4", "--min-cue-gap", "0.1"]
-    args += ["--max-chars-per-second", "15", "--highlight-words"]
+    args += ["--max-chars-per-second", "15", "--highlight-words", "--highlight-style", "karaoke"]
     assert main(["--no-vad", str(src), "--json", "--srt", "--model", ckpt, *args]) == 0
     capsys.readouterr()
     doc = json.loads((tmp_path / "x.json").read_text(encoding="utf-8"))
@@ -393,7 +395,7 @@ def test_cue_and_recognition_options_reach_the_outputs(tmp_path, ckpt, capsys):
         "max_cue_seconds": 1.5,
         "word_timestamps": True,
         "aligner": os.environ["MLXASR_ALIGNER"],
-        "highlight_words": True,
+        "highlight_words": "karaoke",
         "max_words_per_line": 3,
         "pause_seconds": 0.4,
         "min_cue_gap": 0.1,
@@ -470,6 +472,21 @@ def test_help_and_version(capsys):
     ):
         assert flag in text
     assert "exit status" in text and "130" in text
+    for command in ("align AUDIO --text FILE", "convert SRC -o DST", "serve", "./serve"):
+        assert command in text
+
+
+def test_subcommands_win_over_a_folder_of_their_name(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_audio(tmp_path / "serve" / "talk.wav", 2.0, 1)
+    assert main(["serve", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: mlxasr serve")
+    assert not (tmp_path / "serve" / "talk.txt").exists()
+    for command in ("convert", "align"):
+        assert main([command, "--help"]) == 0
+        assert capsys.readouterr().out.startswith(f"usage: mlxasr {command}")
+    assert main(["./serve", "--no-vad", "--txt", "--model", ckpt]) == 0
+    assert (tmp_path / "serve" / "talk.txt").is_file()
 
 
 # --- interrupt ------------------------------------------------------------------------------------
@@ -654,3 +671,114 @@ def test_cli_module_is_runnable(tmp_path):
     )
     assert proc.returncode == 0 and proc.stdout.startswith("mlxasr ")
     assert shutil.which("ffmpeg")  # the m4a inputs above are made with it
+
+
+# --- options that do nothing for the formats chosen ------------------------------------------------
+
+
+def test_cue_options_without_subtitles_are_ignored_with_one_warning(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+
+    def warnings(*args: str) -> list[str]:
+        assert main(["--no-vad", str(a), "--dry-run", *args]) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+
+    assert warnings("--txt", "--max-words-per-line", "3") == [
+        "warning: --max-words-per-line only affects subtitles (--srt, --vtt); ignored"
+    ]
+    assert warnings("--json", "--highlight-words", "--max-line-width", "20", "--max-line-width", "30") == [
+        "warning: --highlight-words, --max-line-width only affect subtitles (--srt, --vtt); ignored"
+    ]
+    assert warnings("--txt", "--no-word-timestamps", "--highlight-words", "--highlight-style", "karaoke") == [
+        "warning: --highlight-words, --highlight-style only affect subtitles (--srt, --vtt); ignored"
+    ]
+    assert warnings("--srt", "--max-words-per-line", "3", "--highlight-words") == []
+    assert warnings("--txt") == []
+
+
+def test_highlight_words_errors_name_what_the_user_gave(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    assert main(["--no-vad", str(a), "--srt", "--no-word-timestamps", "--highlight-words", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "mlxasr: error: argument --highlight-words: needs word timing, which --no-word-timestamps turns off"
+    )
+    # The option takes no value: a PATH right after it is still a PATH.
+    assert main(["--no-vad", "--highlight-words", str(a), "--srt", "--dry-run"]) == 0
+    assert main(["--no-vad", str(a), "--srt", "--highlight-style", "bold", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("mlxasr: error: argument --highlight-style: invalid choice: 'bold'")
+
+
+def test_initial_prompt_is_whispers_name_for_context(capsys):
+    from mlx_qwen3asr.cli.arguments import build_parser
+
+    assert build_parser().parse_args(["a.wav", "--initial-prompt", "Qwen, MLX"]).context == "Qwen, MLX"
+    assert main(["a.wav", "--initial-prompt", "x", "--context-file", "names.txt"]) == 2
+    assert (
+        "argument --context-file: not allowed with argument --context/--initial-prompt"
+        in capsys.readouterr().err
+    )
+    assert main(["--help"]) == 0
+    assert "--context TEXT, --initial-prompt TEXT" in capsys.readouterr().out
+
+
+# --- audio on standard input ----------------------------------------------------------------------
+
+
+def mlxasr(*args: str, stdin: bytes, cwd: Path) -> subprocess.CompletedProcess:
+    """mlxasr in a child process fed stdin, its temporary files in cwd/tmp."""
+    (cwd / "tmp").mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_qwen3asr.cli.main", "--no-vad", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+        cwd=cwd,
+        env=dict(os.environ, TMPDIR=str(cwd / "tmp")),
+    )
+
+
+def test_audio_piped_in_gives_its_transcript_on_stdout(tmp_path, ckpt):
+    audio = write_audio(tmp_path / "talk.wav", 2.0, 1).read_bytes()
+    proc = mlxasr("-", "--srt", "--model", ckpt, stdin=audio, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    subs = list(srt.parse(proc.stdout.decode("utf-8")))
+    assert subs and subs[-1].end.total_seconds() <= 2.0 + 1e-3
+    err = proc.stderr.decode("utf-8")
+    assert "done stdin" in err and "summary: 1 transcribed" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.wav", "tmp"]  # nothing written beside
+    assert list((tmp_path / "tmp").glob("mlxasr-stdin-*")) == []  # the copy of the stream is removed
+
+    # With -o, stdin is an input like the others, named "stdin".
+    out = tmp_path / "out"
+    proc = mlxasr(
+        "-", "talk.wav", "--json", "--txt", "-o", str(out), "--model", ckpt, stdin=audio, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["stdin.json", "stdin.txt", "talk.json", "talk.txt"]
+    doc = json.loads((out / "stdin.json").read_text(encoding="utf-8"))
+    assert doc["source"] == "stdin" and doc["duration"] == pytest.approx(2.0, abs=0.01)
+    assert (out / "stdin.txt").read_bytes() == (out / "talk.txt").read_bytes()
+    assert "summary: 2 transcribed" in proc.stdout.decode("utf-8")
+
+
+def test_stdin_usage_errors_and_an_empty_stream(tmp_path, ckpt):
+    a = write_audio(tmp_path / "a.wav", 1.0, 1)
+    proc = mlxasr("-", str(a), "--srt", "--model", ckpt, stdin=b"", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.decode().splitlines()[-1] == (
+        "mlxasr: error: argument PATH: - (standard input) with other PATHs needs -o DIR"
+    )
+    proc = mlxasr("-", "--srt", "--json", "--model", ckpt, stdin=b"", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert (
+        "one format to standard output, not 2 (srt, json); choose one, or give -o DIR" in proc.stderr.decode()
+    )
+    proc = mlxasr("-", "--txt", "--model", ckpt, stdin=b"", cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert "error: stdin: nothing was written to standard input" in proc.stderr.decode()
+    assert "loading model" not in proc.stderr.decode()
+    assert list((tmp_path / "tmp").glob("mlxasr-stdin-*")) == []

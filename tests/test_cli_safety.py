@@ -19,7 +19,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import numpy as np
 import pytest
+import soundfile as sf
 from test_cli import ALL, check_outputs, errors_for, temporaries, write_audio
 
 import mlx_qwen3asr.cli.models as cli_models
@@ -840,3 +842,78 @@ def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt, 
         proc.send_signal(signal.SIGINT)
         status = proc.wait(timeout=60)
     assert status == 130
+
+
+def test_the_json_warnings_are_the_lines_the_terminal_printed(tmp_path, ckpt, capsys, monkeypatch):
+    from scripted import script_batches, through_cli
+
+    from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(Path(ckpt))
+    said = script_batches(lambda prompt: tok.encode("language English<asr_text>So it goes"), to_budget=True)
+    through_cli(monkeypatch, batch=said.batch)
+    cut = write_audio(tmp_path / "cut.wav", 2.0, 1)
+    quiet = tmp_path / "quiet.wav"
+    sf.write(quiet, np.zeros(16000, dtype=np.float32), 16000)
+    assert main(["--no-vad", str(cut), str(quiet), "--json", "--txt", "--model", ckpt]) == 0
+    err = capsys.readouterr().err
+    for path, expected in (
+        (cut, ["1 segment(s) ran into a loop or the token limit"]),
+        (quiet, ["silent audio, nothing to transcribe"]),
+    ):
+        printed = [line.removeprefix(f"warning: {path}: ") for line in lines_with(err, f"warning: {path}: ")]
+        doc = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        assert doc["warnings"] == printed
+        assert [w.split(";")[0] for w in printed] == expected, printed
+
+
+def test_an_interrupted_overwrite_run_resumes_without_overwrite(tmp_path, ckpt, capsys, monkeypatch):
+    inputs = [write_audio(tmp_path / f"f{i}.wav", 1.0, i) for i in range(3)]
+    args = ["--no-vad", str(tmp_path), "--txt", "--json", "--model", ckpt]
+    assert main(args) == 0
+    capsys.readouterr()
+    real_stream = cli_run.transcribe_stream
+
+    def one_then_ctrl_c(*a, **k):
+        stream = real_stream(*a, **k)
+        try:
+            yield next(stream)
+            raise KeyboardInterrupt
+        finally:
+            stream.close()
+
+    monkeypatch.setattr(cli_run, "transcribe_stream", one_then_ctrl_c)
+    assert main([*args, "--overwrite"]) == 130
+    err = capsys.readouterr().err
+    assert (
+        "mlxasr: interrupted; finished files are kept, rerun without --overwrite to resume "
+        "(files finished in this run are up to date)"
+    ) in err
+    monkeypatch.setattr(cli_run, "transcribe_stream", real_stream)
+    after_stop = {p: state(p.with_suffix(".json")) for p in inputs}
+
+    # The rerun without --overwrite keeps the file finished before the stop and redoes the other two.
+    assert main([*args, "--dry-run"]) == 0
+    listing = capsys.readouterr().out
+    assert "dry run: 2 to transcribe, 1 skipped, 0 failed" in listing
+    assert len(lines_with(listing, "(an interrupted run with --overwrite left it to redo)")) == 2
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "summary: 2 transcribed, 1 skipped, 0 failed" in out
+    redone = [p for p in inputs if state(p.with_suffix(".json")) != after_stop[p]]
+    assert len(redone) == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no record is left
+    assert main(args) == 0
+    assert "summary: 0 transcribed, 3 skipped, 0 failed" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_without_overwrite_says_rerun_to_resume(tmp_path, ckpt, capsys, monkeypatch):
+    write_audio(tmp_path / "a.wav", 1.0, 1)
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(cli_run, "transcribe_stream", ctrl_c)
+    assert main(["--no-vad", str(tmp_path), "--txt", "--model", ckpt]) == 130
+    assert "mlxasr: interrupted; finished files are kept, rerun to resume" in capsys.readouterr().err

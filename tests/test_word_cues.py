@@ -661,7 +661,16 @@ def check_written(cues, highlight: bool, tmp_dir=None):
             assert set().union(*marked) <= words_at, cue
         assert k == len(entries)
     if tmp_dir is not None:
-        for mode in (False, True) if highlight else (False,):
+        if highlight:
+            # Underlined WebVTT is the underlined SubRip, escaped: the same entries, the same <u> marks.
+            underlined = vtt_captions(render_vtt(cues, highlight_words="underline"), tmp_dir)
+            assert [
+                (vtt_time(c.start), vtt_time(c.end), unescape(c.raw_text)) for c in underlined
+            ] == srt_entries(render_srt(cues, highlight_words="underline"))
+            assert render_srt(cues, highlight_words="karaoke") == render_srt(
+                cues, highlight_words="underline"
+            )
+        for mode in (None, "karaoke") if highlight else (None,):
             captions = vtt_captions(render_vtt(cues, highlight_words=mode), tmp_dir)
             assert len(captions) == len(cues)
             for cue, cap in zip(cues, captions):
@@ -708,8 +717,8 @@ def test_written_srt_and_vtt_parse_back_with_highlighted_words(tmp_path):
     assert render_srt(cues) == render("srt", Transcription("", "", segs), cues)
     assert render("srt", Transcription("", "", segs), cues, highlight_words=True) == text
 
-    vtt = render_vtt(cues, highlight_words=True)
-    assert render("vtt", Transcription("", "", segs), cues, highlight_words=True) == vtt
+    vtt = render_vtt(cues, highlight_words="karaoke")
+    assert render("vtt", Transcription("", "", segs), cues, highlight_words="karaoke") == vtt
     block = vtt.split("\n\n")[1]
     assert block.split("\n")[1].startswith(f"So <00:00:0{first.words[1].start:.3f}>the")
 
@@ -723,11 +732,11 @@ def test_highlight_of_words_that_start_together():
         (1000, 1500, "<u>a</u> <u>b</u> c"),  # a and b start together
         (1500, 2000, "a b <u>c</u>"),
     ]
-    assert render_vtt([cue], highlight_words=True).endswith("a b <00:00:01.500>c\n")
+    assert render_vtt([cue], highlight_words="karaoke").endswith("a b <00:00:01.500>c\n")
     # A word starting at the cue's end is shown in its last millisecond.
     late = Cue(0.0, 1.0, "x y", (CueWord("x", 0.0, 0.5, 0, 1), CueWord("y", 1.0, 1.0, 2, 3)))
     assert srt_entries(render_srt([late], highlight_words=True))[-1] == (999, 1000, "x <u>y</u>")
-    assert render_vtt([late], highlight_words=True).endswith("x <00:00:00.999>y\n")
+    assert render_vtt([late], highlight_words="karaoke").endswith("x <00:00:00.999>y\n")
 
 
 def test_highlighted_long_word_is_underlined_line_by_line():
@@ -760,3 +769,62 @@ def test_json_segments_carry_timing_and_words():
     odd = dataclasses.replace(seg, words=[Word("Hi", math.nan, 0.4, 0, 2)])
     doc = json.loads(render_json(Transcription("Hi", "English", [odd]), []))
     assert doc["segments"][0]["words"] == [{"text": "Hi", "start": None, "end": 0.4}]
+
+
+def test_highlighted_words_rendered_exactly_in_both_styles():
+    words = (
+        CueWord("Tom", 1.0, 1.4, 0, 3),
+        CueWord("&", 1.5, 1.6, 4, 5),
+        CueWord("Jerry,", 1.7, 2.2, 6, 12),
+        CueWord("hi", 2.5, 2.8, 13, 15),
+    )
+    cue = Cue(0.8, 3.0, "Tom & Jerry,\nhi", words)
+    plain = Cue(4.0, 5.0, "no <words>", ())
+    assert render_vtt([cue, plain], highlight_words="underline") == (
+        "WEBVTT\n\n"
+        "00:00:00.800 --> 00:00:01.000\nTom &amp; Jerry,\nhi\n\n"
+        "00:00:01.000 --> 00:00:01.500\n<u>Tom</u> &amp; Jerry,\nhi\n\n"
+        "00:00:01.500 --> 00:00:01.700\nTom <u>&amp;</u> Jerry,\nhi\n\n"
+        "00:00:01.700 --> 00:00:02.500\nTom &amp; <u>Jerry,</u>\nhi\n\n"
+        "00:00:02.500 --> 00:00:03.000\nTom &amp; Jerry,\n<u>hi</u>\n\n"
+        "00:00:04.000 --> 00:00:05.000\nno &lt;words&gt;\n"
+    )
+    assert render_vtt([cue, plain], highlight_words=True) == render_vtt(
+        [cue, plain], highlight_words="underline"
+    )
+    assert render_vtt([cue, plain], highlight_words="karaoke") == (
+        "WEBVTT\n\n"
+        "00:00:00.800 --> 00:00:03.000\nTom <00:00:01.500>&amp; <00:00:01.700>Jerry,\n<00:00:02.500>hi\n\n"
+        "00:00:04.000 --> 00:00:05.000\nno &lt;words&gt;\n"
+    )
+    underlined_srt = (
+        "1\n00:00:00,800 --> 00:00:01,000\nTom & Jerry,\nhi\n\n"
+        "2\n00:00:01,000 --> 00:00:01,500\n<u>Tom</u> & Jerry,\nhi\n\n"
+        "3\n00:00:01,500 --> 00:00:01,700\nTom <u>&</u> Jerry,\nhi\n\n"
+        "4\n00:00:01,700 --> 00:00:02,500\nTom & <u>Jerry,</u>\nhi\n\n"
+        "5\n00:00:02,500 --> 00:00:03,000\nTom & Jerry,\n<u>hi</u>\n\n"
+        "6\n00:00:04,000 --> 00:00:05,000\nno <words>\n\n"
+    )
+    assert render_srt([cue, plain], highlight_words="underline") == underlined_srt
+    assert render_srt([cue, plain], highlight_words="karaoke") == underlined_srt  # SRT has no time tags
+    assert render_vtt([cue, plain]) == (
+        "WEBVTT\n\n00:00:00.800 --> 00:00:03.000\nTom &amp; Jerry,\nhi\n\n00:00:04.000 --> 00:00:05.000\nno &lt;words&gt;\n"
+    )
+    with pytest.raises(ValueError, match="unknown highlight style 'bold'"):
+        render_vtt([cue], highlight_words="bold")
+
+
+def test_underlined_cues_keep_the_cue_rules_and_leave_the_json_alone(tmp_path):
+    segs = [aligned(TALK, steady(len(TALK.split()), 1.0, pauses={20: 1.0}))]
+    options = CueOptions(max_width=20, max_lines=1, max_words_per_line=3)
+    cues = build_cues(segs, duration=40.0, options=options)
+    result = Transcription(TALK, "English", segs)
+    for style in ("underline", "karaoke"):
+        for fmt in ("srt", "vtt"):
+            text = render(fmt, result, cues, highlight_words=style)
+            shown = re.sub(r"</?u>|<\d\d:\d\d:\d\d\.\d{3}>", "", text)
+            for line in shown.splitlines():
+                if "-->" in line or not line.strip() or line.isdigit() or line == "WEBVTT":
+                    continue
+                assert text_width(unescape(line)) <= 20 and len(line.split()) <= 3, line
+        assert render("json", result, cues, highlight_words=style) == render("json", result, cues)

@@ -1,24 +1,19 @@
 """mlx_qwen3asr.text.words against the official aligner's text processing (qwen_asr.inference.qwen3_forced_aligner).
 
 The item texts must be the official word list for every input, the timestamp repair must give the
-official output for every input, and the Korean dictionary must be found (text.korean_dictionary:
-installed package, cache, or the official wheel from a local stand-in for PyPI) and checked.
+official output for every input, and the Korean dictionary shipped with the package must be the
+official file, found without the network.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.server
 import importlib.util
-import io
-import json
 import random
 import socket
 import sys
-import threading
 import time
 import unicodedata
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +24,7 @@ from mlx_qwen3asr.text import korean_dictionary, words
 from mlx_qwen3asr.text.korean_dictionary import (
     KOREAN_DICT_SHA256,
     KoreanDictionaryError,
-    installed_korean_dictionary,
-    korean_dictionary_path,
+    korean_dictionary_bytes,
 )
 from mlx_qwen3asr.text.words import Item, display_spans, fix_timestamps, split_items, word_times
 
@@ -366,192 +360,64 @@ def official_dictionary_bytes() -> bytes:
     return path.read_bytes()
 
 
-def test_pinned_checksum_is_the_official_dictionary():
-    assert hashlib.sha256(official_dictionary_bytes()).hexdigest() == KOREAN_DICT_SHA256
-    installed = installed_korean_dictionary()
-    assert installed is not None and installed.read_bytes() == official_dictionary_bytes()
+SHIPPED = Path(korean_dictionary.__file__).parent / "data" / "korean_dict_jieba.dict"
 
 
-def test_dictionary_found_in_an_installed_package_without_importing_it(tmp_path, monkeypatch):
-    package = tmp_path / "site" / "qwen_asr"
-    (package / "inference" / "assets").mkdir(parents=True)
-    (package / "__init__.py").write_text("raise RuntimeError('the official package must not be imported')\n")
-    dictionary = package / "inference" / "assets" / "korean_dict_jieba.dict"
-    dictionary.write_text("서울 3 NNP\n", encoding="utf-8")
-    monkeypatch.delitem(sys.modules, "qwen_asr", raising=False)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert korean_dictionary_path(download=False) == dictionary
-    assert "qwen_asr" not in sys.modules
-    assert words.read_korean_scores(dictionary) == {"서울": 1.0}
+def test_shipped_dictionary_is_the_pinned_official_file():
+    shipped = SHIPPED.read_bytes()
+    assert hashlib.sha256(shipped).hexdigest() == KOREAN_DICT_SHA256
+    assert shipped == official_dictionary_bytes()
+    assert korean_dictionary_bytes() == shipped
+    notice = SHIPPED.with_name("NOTICE.korean_dict_jieba").read_text(encoding="utf-8")
+    assert "Apache" in notice and KOREAN_DICT_SHA256 in notice
+    assert "Apache License" in SHIPPED.with_name("LICENSE.korean_dict_jieba").read_text(encoding="utf-8")
+
+
+def test_shipped_dictionary_is_package_data():
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    data = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    assert '"mlx_qwen3asr.text"' in data and "data/" in data
 
 
 @pytest.fixture
-def no_installed_package(monkeypatch, tmp_path):
-    """No official package to find, and an empty cache folder of our own."""
-    monkeypatch.setattr(korean_dictionary, "OFFICIAL_PACKAGE", "mlx_qwen3asr_test_no_such_package")
+def offline(monkeypatch, tmp_path):
+    """No network, no official package to find, and an empty cache folder."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the network was used")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setitem(sys.modules, "qwen_asr", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    assert installed_korean_dictionary() is None
-    return tmp_path / "cache" / "mlx-qwen3asr" / "korean_dict_jieba.dict"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
-def test_dictionary_found_in_the_cache(no_installed_package):
-    cached = no_installed_package
-    with pytest.raises(KoreanDictionaryError, match="does not exist.*downloading was not allowed"):
-        korean_dictionary_path(download=False)
-    cached.parent.mkdir(parents=True)
-    cached.write_bytes(official_dictionary_bytes())
-    assert korean_dictionary_path(download=False) == cached
+@NEEDS_SOYNLP
+def test_korean_is_split_officially_offline_from_the_shipped_dictionary(offline, official):
+    assert words.official_split_available("Korean")
+    text = "대한민국의 수도는 서울입니다! 오늘 날씨가 좋네요"
+    items = split_items(text, "Korean")
+    assert [i.text for i in items][:4] == ["대한민국", "의", "수도", "는"]
+    assert [i.text for i in items] == official_words(official, text, "Korean")
 
 
-def test_cached_dictionary_with_a_wrong_checksum_is_not_used(no_installed_package):
-    cached = no_installed_package
-    cached.parent.mkdir(parents=True)
-    cached.write_bytes(official_dictionary_bytes()[:-10] + b"tampered\n")
-    with pytest.raises(KoreanDictionaryError, match="wrong sha256"):
-        korean_dictionary_path(download=False)
-
-
-class _Quiet(http.server.ThreadingHTTPServer):
-    def handle_error(self, request, client_address):  # a client that gave up waiting
-        pass
-
-
-class FakePyPI:
-    """A stand-in for PyPI on 127.0.0.1: the release's JSON and its wheel, with a log of requests."""
-
-    def __init__(self, wheel: bytes, published_digest: str | None = None, delay: float = 0.0):
-        self.requests: list[str] = []
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                fake.requests.append(self.path)
-                if fake.delay:
-                    time.sleep(fake.delay)
-                if self.path == "/simple/qwen-asr/":
-                    assert self.headers.get("Accept") == "application/vnd.pypi.simple.v1+json"
-                    body = json.dumps(fake.index()).encode()
-                elif self.path == "/files/qwen_asr-0.0.6-py3-none-any.whl":
-                    body = fake.wheel
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.wheel = wheel
-        self.digest = published_digest if published_digest is not None else hashlib.sha256(wheel).hexdigest()
-        self.delay = delay
-        self.server = _Quiet(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def index(self) -> dict:
-        """PyPI's simple index for qwen-asr, JSON form (PEP 691): a relative URL, as mirrors give."""
-        return {
-            "meta": {"api-version": "1.1"},
-            "name": "qwen-asr",
-            "files": [
-                {"filename": "qwen_asr-0.0.5-py3-none-any.whl", "url": "../../files/none", "hashes": {}},
-                {"filename": "qwen_asr-0.0.6.tar.gz", "url": f"{self.base}/files/none", "hashes": {}},
-                {
-                    "filename": "qwen_asr-0.0.6-py3-none-any.whl",
-                    "url": "../../files/qwen_asr-0.0.6-py3-none-any.whl",
-                    "hashes": {"sha256": self.digest},
-                },
-            ],
-        }
-
-    def __enter__(self) -> FakePyPI:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def build_wheel(dictionary: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("qwen_asr/__init__.py", "")
-        archive.writestr("qwen_asr/inference/assets/korean_dict_jieba.dict", dictionary)
-        archive.writestr("qwen_asr-0.0.6.dist-info/METADATA", "Name: qwen-asr\nVersion: 0.0.6\n")
-    return buffer.getvalue()
-
-
-def test_dictionary_downloaded_from_the_official_wheel(no_installed_package, monkeypatch):
-    cached = no_installed_package
-    dictionary = official_dictionary_bytes()
-    with FakePyPI(build_wheel(dictionary)) as pypi:
-        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        assert korean_dictionary_path() == cached
-        assert cached.read_bytes() == dictionary
-        assert pypi.requests == ["/simple/qwen-asr/", "/files/qwen_asr-0.0.6-py3-none-any.whl"]
-        assert sorted(p.name for p in cached.parent.iterdir()) == ["korean_dict_jieba.dict"]
-        assert korean_dictionary_path() == cached  # now from the cache
-        assert len(pypi.requests) == 2
-    if HAVE_SOYNLP:
-        assert words.official_split_available("Korean")
-        assert [i.text for i in split_items("대한민국의 수도는", "Korean")] == [
-            "대한민국",
-            "의",
-            "수도",
-            "는",
-        ]
-
-
-def test_downloaded_dictionary_with_a_wrong_checksum_is_refused(no_installed_package, monkeypatch):
-    cached = no_installed_package
-    with FakePyPI(build_wheel(official_dictionary_bytes() + b"extra 1 NNG\n")) as pypi:
-        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        with pytest.raises(KoreanDictionaryError, match=f"expected {KOREAN_DICT_SHA256}; refused"):
-            korean_dictionary_path()
-    assert not cached.exists()
-    assert not cached.parent.exists() or not list(cached.parent.iterdir())
-
-
-def test_wheel_that_does_not_match_its_published_digest_is_refused(no_installed_package, monkeypatch):
-    with FakePyPI(build_wheel(official_dictionary_bytes()), published_digest="0" * 64) as pypi:
-        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        with pytest.raises(KoreanDictionaryError, match="does not match the sha256 PyPI publishes"):
-            korean_dictionary_path()
-    assert not no_installed_package.exists()
-
-
-def test_download_gives_up_on_a_server_that_does_not_answer(no_installed_package, monkeypatch):
-    monkeypatch.setattr(korean_dictionary, "DOWNLOAD_TIMEOUT", 0.3)
-    with FakePyPI(build_wheel(official_dictionary_bytes()), delay=1.5) as pypi:
-        monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"{pypi.base}/simple/qwen-asr/")
-        began = time.monotonic()
-        with pytest.raises(KoreanDictionaryError, match="timed out"):
-            korean_dictionary_path()
-        assert time.monotonic() - began < 1.4
-    assert not no_installed_package.exists()
-
-
-def test_korean_falls_back_when_no_dictionary_can_be_had(no_installed_package, monkeypatch):
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setattr(korean_dictionary, "PYPI_INDEX_URL", f"http://127.0.0.1:{port}/simple/qwen-asr/")
+def test_a_damaged_shipped_dictionary_is_named_and_korean_falls_back(monkeypatch):
+    monkeypatch.setattr(korean_dictionary, "KOREAN_DICT_SHA256", "0" * 64)
+    with pytest.raises(KoreanDictionaryError, match="korean_dict_jieba.dict .*expected 0{64}; reinstall"):
+        korean_dictionary_bytes()
     assert not words.official_split_available("Korean")
     reason = words.split_fallback_reason("Korean")
     assert "split at whitespace" in reason
     if HAVE_SOYNLP:
-        assert "Korean dictionary is unavailable" in reason and "fetching qwen-asr 0.0.6" in reason
+        assert "Korean dictionary is unavailable" in reason and "reinstall mlx-qwen3asr" in reason
     text = "대한민국의 수도는 서울입니다!"
     assert [i.text for i in split_items(text, "Korean")] == ["대한민국의", "수도는", "서울입니다"]
+
+
+def test_korean_scores_are_the_first_field_of_each_line():
+    assert words.read_korean_scores("서울 3 NNP\n\n수도 1 x\r\n") == {"서울": 1.0, "수도": 1.0}
 
 
 # --- timestamps -----------------------------------------------------------------------------------

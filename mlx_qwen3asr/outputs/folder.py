@@ -10,7 +10,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from mlx_qwen3asr.outputs.render import FORMATS, render
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
 from mlx_qwen3asr.pipeline.result import Transcription
 from mlx_qwen3asr.runtime.atomic import (
+    atomic_write_bytes,
     atomic_write_files,
     name_max,
     probe_folder,
@@ -32,6 +33,7 @@ from mlx_qwen3asr.runtime.atomic import (
 )
 
 __all__ = [
+    "REDO_SUFFIX",
     "InputError",
     "InputFile",
     "FileJob",
@@ -39,7 +41,12 @@ __all__ = [
     "OutputClash",
     "TranscribeOptions",
     "existing_outputs",
+    "file_warnings",
     "find_inputs",
+    "clear_redo",
+    "mark_redo",
+    "redo_marker",
+    "redo_pending",
     "is_audio_name",
     "is_up_to_date",
     "mirror_name",
@@ -210,10 +217,19 @@ class FileJob:
     input: InputFile
     outputs: dict[str, Path]  # format -> output path, in FORMATS order
     problem: str | None = None  # why the outputs cannot be written, found while planning
+    # The file the audio is read from, when it is not the input's path (standard input, spilled to a
+    # temporary file, is named "stdin"); None: the input's path.
+    source: Path | None = None
 
     @property
     def path(self) -> Path:
+        """The input as messages and outputs name it."""
         return self.input.path
+
+    @property
+    def audio(self) -> Path:
+        """The file to read the audio from."""
+        return self.source if self.source is not None else self.input.path
 
 
 class OutputClash(ValueError):
@@ -408,6 +424,47 @@ def is_up_to_date(job: FileJob) -> bool:
     )
 
 
+# A run told to replace a file's existing outputs (--overwrite) leaves ".<output stem>.mlxasr-redo"
+# beside them until it has; a later run without --overwrite redoes such a file rather than skip it.
+REDO_SUFFIX = ".mlxasr-redo"
+
+
+def redo_marker(job: FileJob) -> Path | None:
+    """Where job's redo marker goes (None for a job without outputs)."""
+    first = next(iter(job.outputs.values()), None)
+    if first is None:
+        return None
+    return first.parent / f".{os.path.splitext(first.name)[0]}{REDO_SUFFIX}"
+
+
+def mark_redo(job: FileJob) -> bool:
+    """Record that job's existing outputs are to be replaced; whether the record could be written."""
+    marker = redo_marker(job)
+    if marker is None:
+        return False
+    try:
+        atomic_write_bytes(marker, b"")
+    except OSError:
+        return False
+    return True
+
+
+def clear_redo(job: FileJob) -> None:
+    """Forget job's redo record (its outputs have been replaced)."""
+    marker = redo_marker(job)
+    if marker is not None:
+        try:
+            os.unlink(marker)
+        except OSError:
+            pass
+
+
+def redo_pending(job: FileJob) -> bool:
+    """Whether a run told to replace job's outputs stopped before it had."""
+    marker = redo_marker(job)
+    return marker is not None and os.path.isfile(marker)
+
+
 @dataclass(frozen=True)
 class TranscribeOptions:
     language: str | None = None
@@ -416,7 +473,7 @@ class TranscribeOptions:
     cues: CueOptions = field(default_factory=CueOptions)
     word_timestamps: bool = False
     aligner: str | None = None  # the aligner used, when words were timed
-    highlight_words: bool = False
+    highlight_words: str | None = None  # a style of outputs.render.HIGHLIGHT_STYLES; None: off
     vad: VadOptions | None = None  # speech detection (None: off)
 
     def to_dict(self) -> dict[str, Any]:
@@ -440,13 +497,36 @@ class TranscribeOptions:
         }
 
 
+SILENT_WARNING = "silent audio, nothing to transcribe; the outputs are empty"
+
+
+def file_warnings(result: Transcription, silent: bool = False) -> list[str]:
+    """What a user is told about a transcribed file, one line each: silent audio, segments that ran
+    into a loop or the token limit, then what decoding noticed about the audio (result.warnings).
+    The JSON output's "warnings" is this list, and the command prints it."""
+    warnings = [SILENT_WARNING] if silent else []
+    flagged = sum(bool(s.truncated or s.repetitive) for s in result.segments)
+    if flagged:
+        warnings.append(
+            f"{flagged} segment(s) ran into a loop or the token limit; "
+            "their text may be incomplete (flagged in JSON output)"
+        )
+    warnings.extend(str(w) for w in getattr(result, "warnings", None) or [])
+    return warnings
+
+
 @dataclass
 class FileResult:
-    transcription: Transcription
+    transcription: Transcription  # its warnings are file_warnings(): what the JSON output carries
     cues: list[Cue]
     silent: bool = False
     written: list[Path] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)  # outputs that existed and were left as they are
+
+    @property
+    def warnings(self) -> list[str]:
+        """The file's warnings, as its JSON output lists them."""
+        return list(self.transcription.warnings)
 
 
 def write_outputs(
@@ -462,10 +542,12 @@ def write_outputs(
     """Write a transcribed file's outputs atomically (each complete, or none on failure).
 
     overwrite=False: an output that exists, or appears while the others are written, is never
-    replaced; it is listed in FileResult.kept and only the missing outputs are written.
+    replaced; it is listed in FileResult.kept and only the missing outputs are written. The JSON
+    output's "warnings" and FileResult.warnings are file_warnings(result, silent).
     Raises OSError when an output cannot be written; no output is left half-written.
     """
     result.source = str(job.path)
+    result = replace(result, warnings=file_warnings(result, silent))
     cues = build_cues(result.segments, wav, sample_rate=SAMPLE_RATE, options=options.cues)
     taken = set() if overwrite else set(existing_outputs(job))
     documents = {

@@ -17,9 +17,10 @@ for character:
 Each item also carries the span [start, end) of the original text its characters come from, so
 callers can show the words as written (`display_spans` adds the punctuation around them).
 
-Where nagisa or soynlp (or the Korean dictionary, see text.korean_dictionary) is missing, the split
-falls back to a documented approximation; `official_split_available` and `split_fallback_reason` tell
-callers so they can record that the items differ from the official cut.
+Where nagisa or soynlp is missing (or the Korean dictionary shipped in text/data, see
+text.korean_dictionary, is damaged), the split falls back to a documented approximation;
+`official_split_available` and `split_fallback_reason` tell callers so they can record that the items
+differ from the official cut.
 
 `fix_timestamps` and `word_times` turn the predicted classes into times exactly as the official
 implementation does (the same repair of non-monotonic predictions, the same integer truncation and
@@ -34,21 +35,20 @@ import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from mlx_qwen3asr.text.korean_dictionary import KoreanDictionaryError, korean_dictionary_path
+from mlx_qwen3asr.text.korean_dictionary import KoreanDictionaryError, korean_dictionary_bytes
 
 # --- the Korean dictionary's scores -----------------------------------------------------------------
 
 
-def read_korean_scores(path: Path) -> dict[str, float]:
-    """The LTokenizer scores the official processor builds: 1.0 for the first field of each line."""
+def read_korean_scores(text: str) -> dict[str, float]:
+    """The LTokenizer scores the official processor builds from the dictionary's text: 1.0 for the
+    first field of each line."""
     scores: dict[str, float] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            fields = line.split()
-            if fields:
-                scores[fields[0]] = 1.0
+    for line in text.split("\n"):  # lines as a file yields them, not str.splitlines'
+        fields = line.split()
+        if fields:
+            scores[fields[0]] = 1.0
     return scores
 
 
@@ -83,7 +83,7 @@ def _load_nagisa() -> object:
 
 def _load_korean_tokenizer() -> object:
     tokenizer_module = importlib.import_module("soynlp.tokenizer")
-    scores = read_korean_scores(korean_dictionary_path())
+    scores = read_korean_scores(korean_dictionary_bytes().decode("utf-8"))
     return tokenizer_module.LTokenizer(scores=scores)
 
 
@@ -106,9 +106,7 @@ def _language_key(language: str | None) -> str:
 
 
 def split_fallback_reason(language: str | None) -> str | None:
-    """None when `split_items(text, language)` cuts exactly as the official processor does, else why not.
-
-    For Korean this may fetch the dictionary (see korean_dictionary_path)."""
+    """None when `split_items(text, language)` cuts exactly as the official processor does, else why not."""
     key = _language_key(language)
     if key == "japanese":
         return _nagisa()[1]
@@ -375,7 +373,7 @@ def split_items(text: str, language: str | None) -> list[Item]:
     `language` is a canonical language name ("English", "Japanese", "Korean", ...; compared without
     regard to case, as the official processor does) or None for the whitespace split. The item texts
     are the official processor's word list, unless its tokenizer for the language is missing (see
-    split_fallback_reason); Korean may fetch the official dictionary the first time it is needed.
+    split_fallback_reason).
     """
     key = _language_key(language)
     if key == "japanese":
