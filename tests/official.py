@@ -52,3 +52,28 @@ def official_aligner_module() -> types.ModuleType:
                 sys.modules.pop(key, None)
             else:
                 sys.modules[key] = module
+
+
+def official_inference_module() -> types.ModuleType:
+    """The official inference wrapper module (`qwen_asr.inference.qwen3_asr`: Qwen3ASRModel with its
+    streaming methods, ASRStreamingState). Its utils module imports librosa at the top for reading
+    files, which the streaming methods never use; a missing librosa (or nagisa, imported by the
+    aligner module it imports) is stood in for while it is imported."""
+    name = "inference.qwen3_asr"
+    # Imported first, without stand-ins: transformers looks for librosa with find_spec as it loads.
+    official_module("core.transformers_backend")
+    importlib.import_module("transformers").AutoModel  # noqa: B018 (loads the lazy auto classes)
+    stand_ins: dict[str, types.ModuleType] = {}
+    for missing in ("librosa", "nagisa"):
+        if importlib.util.find_spec(missing) is None:
+            stand_ins[missing] = types.ModuleType(missing)
+    saved = {key: sys.modules.get(key) for key in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        return official_module(name)
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = module

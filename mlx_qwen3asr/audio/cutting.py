@@ -51,7 +51,7 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
-def _quietest_sample(region: np.ndarray, win: int) -> int:
+def quietest_sample(region: np.ndarray, win: int) -> int:
     """Index in region of the quietest sample inside the lowest-energy window of win samples."""
     mag = np.abs(region, dtype=np.float64)
     csum = np.concatenate(([0.0], np.cumsum(mag)))
@@ -108,7 +108,7 @@ def split_on_silence(
         if right - left <= win:
             cut = right
         else:
-            cut = left + _quietest_sample(_read(audio, left, right), win)
+            cut = left + quietest_sample(_read(audio, left, right), win)
         cut = max(cut, start + 1)
         segments.append(Span(start, cut))
         start = cut

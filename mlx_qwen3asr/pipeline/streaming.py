@@ -1,0 +1,413 @@
+"""Live transcription: audio arrives in pieces, the transcript is revised every chunk.
+
+The algorithm is the official streaming one (``Qwen3ASRModel.streaming_transcribe`` and
+``finish_streaming_transcribe`` of qwen-asr):
+
+* incoming samples are buffered; each time ``chunk_seconds`` of them are there, the chunk is appended
+  to the audio heard so far and *all* of it is encoded again (no padding);
+* the prompt is the chat prompt (system context; with a forced language it ends
+  ``language X<asr_text>``) followed by a text prefix: nothing for the first ``unfixed_chunks``
+  chunks, afterwards the previous step's raw output (``language X<asr_text>...`` included when the
+  model wrote it) re-encoded to ids, less its last ``unfixed_tokens`` tokens, decoded back to text,
+  with one more token dropped for as long as that text holds a broken character (U+FFFD);
+* decoding continues greedily after the prefix; the raw output is prefix + generated text, and is
+  parsed into (language, text) like the official ``parse_asr_output``;
+* ``finish`` sends the samples still buffered (less than a chunk) with the official tail rule: the
+  rollback keeps at least the first token (``max(1, len - unfixed_tokens)``) and has no U+FFFD loop.
+
+The official prompt is *text* (the rendered template plus the prefix) that vLLM tokenizes as a whole.
+Here the same ids are built directly: the template's control tokens and audio placeholders as
+``prompt_prefix_ids`` / ``prompt_suffix_ids`` give them, and everything after the assistant's
+``<|im_start|>`` (``assistant\\n``, the forced ``language X<asr_text>``, the prefix) encoded as one
+text, as the official tokenizer splits the rendered prompt on its added tokens. The generated ids are
+decoded with special tokens skipped, as vLLM returns them (``<asr_text>`` is not special and stays).
+
+Bounded cost (``max_window_seconds``): re-encoding from the start makes every step cost more than the
+last, without end. When the window (audio since the last commit) grows past ``max_window_seconds``,
+the quietest 100 ms (the low-energy rule of ``audio.cutting``) in the window's stable part, which is
+the window less its last ``max(1, unfixed_chunks)`` chunks (the audio whose text later steps
+still rewrite), is chosen as a cut. The audio before the cut is transcribed on its own, from an empty
+prefix, and committed as a final :class:`Segment` (its text is that decode's, which can differ from
+the window text shown as stable before the commit); the window then restarts at the cut as a new stream
+would: empty prefix for its first ``unfixed_chunks`` chunks, the user's context unchanged. The
+committed text is not added to the context: the prompt (and every step's cost) stays bounded, and a
+window that starts at a pause is the same task as a stream that starts there, which is the input the
+official algorithm is made for. Every step then encodes at most ``max_window_seconds + chunk_seconds``
+of audio, the same at minute 1 and hour 3. With ``max_window_seconds=None`` nothing is committed
+before ``finish`` and each step is the official one exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlx_qwen3asr.audio.cutting import quietest_sample
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram
+from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.model.generate import Generation, Prefix, greedy_generate, prefill_prefix, token_budget
+from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.pipeline.result import Segment
+from mlx_qwen3asr.text.languages import resolve_language
+from mlx_qwen3asr.text.output import join_texts, parse_output
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids
+
+__all__ = [
+    "DEFAULT_MAX_WINDOW_SECONDS",
+    "StreamUpdate",
+    "StreamingTranscriber",
+    "rollback_prefix",
+    "tail_rollback_prefix",
+]
+
+# Audio since the last commit before one is looked for (None: never, the official behaviour).
+DEFAULT_MAX_WINDOW_SECONDS = 20.0
+# How far before the stable part's end a cut is looked for, and the shortest audio a commit takes.
+COMMIT_SEARCH_SECONDS = 8.0
+MIN_COMMIT_SECONDS = 1.0
+# Energy window of the quiet-point search (the official low-energy rule uses 100 ms).
+QUIET_WINDOW_MS = 100.0
+
+_BROKEN = "\ufffd"
+
+
+def rollback_prefix(tokenizer, raw: str, unfixed_tokens: int) -> str:
+    """The prefix of a chunk step: `raw` re-encoded, less its last `unfixed_tokens` tokens, decoded;
+    one more token is dropped while the text holds U+FFFD (a character cut in the middle)."""
+    ids = tokenizer.encode(raw)
+    k = int(unfixed_tokens)
+    while True:
+        end = max(0, len(ids) - k)
+        prefix = tokenizer.decode(ids[:end], skip_special_tokens=False) if end > 0 else ""
+        if _BROKEN not in prefix:
+            return prefix
+        if end == 0:
+            return ""
+        k += 1
+
+
+def tail_rollback_prefix(tokenizer, raw: str, unfixed_tokens: int) -> str:
+    """The prefix of the final (tail) step, as the official ``finish_streaming_transcribe`` builds it:
+    at least the first token is kept (``max(1, len - unfixed_tokens)``) and a broken character is not
+    looked for."""
+    ids = tokenizer.encode(raw)
+    end = max(1, len(ids) - int(unfixed_tokens))
+    return tokenizer.decode(ids[:end], skip_special_tokens=False)
+
+
+def _as_samples(samples) -> np.ndarray:
+    """Mono float32 samples as the official step takes them: flattened; int16 scaled by 1/32768."""
+    if samples is None:
+        raise ValueError("samples must not be None")
+    x = np.asarray(samples)
+    if x.ndim != 1:
+        x = x.reshape(-1)
+    if x.dtype == np.int16:
+        return x.astype(np.float32) / 32768.0
+    return x.astype(np.float32, copy=False)
+
+
+@dataclass
+class StreamUpdate:
+    """The transcript after one step.
+
+    text: everything so far, the committed segments then the live window (``stable + unstable``).
+    stable: the part later steps keep: committed text and the window's text up to the next step's
+    prefix. unstable: the tail made by the tokens the next step rolls back (all of the window's text
+    while the window has fewer than ``unfixed_chunks`` chunks); empty in the final update.
+    committed: segments committed by this step. seconds: stream time of the audio consumed so far.
+    encoded_samples: samples this step passed to the encoder.
+    """
+
+    language: str
+    text: str
+    stable: str
+    unstable: str
+    committed: list[Segment] = field(default_factory=list)
+    final: bool = False
+    seconds: float = 0.0
+    encoded_samples: int = 0
+
+
+@dataclass
+class _Window:
+    """Audio since the last commit and the official streaming state over it."""
+
+    start: int = 0  # stream sample where the window begins
+    audio: np.ndarray = field(default_factory=lambda: np.zeros((0,), dtype=np.float32))
+    chunk_id: int = 0
+    raw: str = ""
+    language: str = ""
+    text: str = ""
+    truncated: bool = False
+    repetitive: bool = False
+
+
+class StreamingTranscriber:
+    """One live stream: ``feed`` samples as they come, ``finish`` at the end.
+
+    model: a loaded Qwen3-ASR model. language: forced language (any name or code that
+    ``resolve_language`` takes) or None to detect it. context: system-prompt context.
+    chunk_seconds, unfixed_chunks, unfixed_tokens: the official streaming parameters (defaults 2.0, 2
+    and 5). max_new_tokens: tokens each decode may add; None gives ``token_budget`` of the audio decoded
+    (the official vLLM wrapper uses a fixed 4096). max_window_seconds: see the module docstring; None
+    or inf keeps the whole stream in one window (the official behaviour). tokenizer: the tokenizer of
+    the rollback and the prompt (default the model's own).
+
+    Decoding stops at EOS, at the budget, or, unlike vLLM, when the output runs into a loop of at least
+    20 repetitions (``model.generate``).
+    """
+
+    def __init__(
+        self,
+        model: ASRModel,
+        *,
+        language: str | None = None,
+        context: str = "",
+        chunk_seconds: float = 2.0,
+        unfixed_chunks: int = 2,
+        unfixed_tokens: int = 5,
+        max_new_tokens: int | None = None,
+        max_window_seconds: float | None = DEFAULT_MAX_WINDOW_SECONDS,
+        commit_search_seconds: float = COMMIT_SEARCH_SECONDS,
+        min_commit_seconds: float = MIN_COMMIT_SECONDS,
+        tokenizer=None,
+    ) -> None:
+        if chunk_seconds is None or not float(chunk_seconds) > 0:
+            raise ValueError(f"chunk_seconds must be > 0, got: {chunk_seconds}")
+        if max_new_tokens is not None and int(max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.model = model
+        self.tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+        self.language = resolve_language(language)
+        self.context = context or ""
+        self.chunk_seconds = float(chunk_seconds)
+        self.chunk_samples = max(1, int(round(self.chunk_seconds * SAMPLE_RATE)))
+        self.unfixed_chunks = int(unfixed_chunks)
+        self.unfixed_tokens = int(unfixed_tokens)
+        self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
+
+        self.max_window_samples: int | None = None
+        if max_window_seconds is not None and math.isfinite(float(max_window_seconds)):
+            self.margin_samples = max(1, self.unfixed_chunks) * self.chunk_samples
+            self.min_commit_samples = max(1, int(round(float(min_commit_seconds) * SAMPLE_RATE)))
+            self.search_samples = max(0, int(round(float(commit_search_seconds) * SAMPLE_RATE)))
+            self.max_window_samples = int(round(float(max_window_seconds) * SAMPLE_RATE))
+            if self.max_window_samples < self.margin_samples + self.min_commit_samples:
+                raise ValueError(
+                    f"max_window_seconds={max_window_seconds} leaves no stable audio to commit: it must be at "
+                    f"least {(self.margin_samples + self.min_commit_samples) / SAMPLE_RATE:g} s "
+                    f"(max(1, unfixed_chunks) chunks plus min_commit_seconds)"
+                )
+        self._quiet_window = max(4, int(QUIET_WINDOW_MS / 1000.0 * SAMPLE_RATE))
+
+        self._eos = frozenset(
+            {self.tokenizer.token_to_id("<|endoftext|>"), self.tokenizer.token_to_id("<|im_end|>")}
+        )
+        self._im_start = self.tokenizer.token_to_id("<|im_start|>")
+        self._start_ids = prompt_prefix_ids(self.tokenizer, self.context)  # checks the context now
+        self._start: Prefix | None = None
+
+        self.buffer = np.zeros((0,), dtype=np.float32)
+        self.window = _Window()
+        self.segments: list[Segment] = []
+        self.consumed = 0  # stream samples taken into windows
+        self.finished = False
+        self.steps = 0  # decodes of the live window
+        self.step_encoded_samples: list[int] = []  # samples encoded by each feed/finish step
+        self.encoded_samples = 0  # all samples passed to the encoder
+        self.last_prompt_ids: list[int] = []  # ids of the last window decode's whole prompt
+        self._last_update: StreamUpdate | None = None
+
+    # --- the official state, read-only views -------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        """The live window's parsed text (in parity mode: the official ``state.text``)."""
+        return self.window.text
+
+    @property
+    def window_language(self) -> str:
+        """The live window's parsed language (in parity mode: the official ``state.language``)."""
+        return self.window.language
+
+    @property
+    def chunk_id(self) -> int:
+        return self.window.chunk_id
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    def feed(self, samples) -> list[StreamUpdate]:
+        """Buffer 16 kHz mono samples (float, or int16 scaled by 1/32768); one update per full chunk
+        consumed (none while less than a chunk is buffered)."""
+        if self.finished:
+            raise RuntimeError("the stream is finished")
+        x = _as_samples(samples)
+        if x.shape[0] > 0:
+            self.buffer = np.concatenate([self.buffer, x], axis=0)
+        updates = []
+        while self.buffer.shape[0] >= self.chunk_samples:
+            chunk = self.buffer[: self.chunk_samples]
+            self.buffer = self.buffer[self.chunk_samples :]
+            updates.append(self._chunk_step(chunk))
+        return updates
+
+    def finish(self) -> StreamUpdate:
+        """Decode the buffered tail (shorter than a chunk) with the official tail rule, commit the
+        window as the last segment and return the final update. Nothing buffered: no decode, the window
+        as the last step left it is committed. A second call returns the final update again, with no
+        new segments."""
+        if self.finished:
+            last = self._last_update
+            return StreamUpdate(
+                last.language, last.text, last.stable, last.unstable, [], True, last.seconds, 0
+            )
+        self.finished = True
+        w = self.window
+        encoded_before = self.encoded_samples
+        if self.buffer.shape[0] > 0:
+            tail, self.buffer = self.buffer, np.zeros((0,), dtype=np.float32)
+            self._append(tail)
+            prefix = (
+                ""
+                if w.chunk_id < self.unfixed_chunks
+                else tail_rollback_prefix(self.tokenizer, w.raw, self.unfixed_tokens)
+            )
+            self._decode_window(prefix)
+        committed = []
+        if w.audio.shape[0] > 0 or w.text:
+            committed.append(self._segment(w.start, w.start + w.audio.shape[0], w))
+            self.segments.extend(committed)
+        update = self._update(committed, final=True, encoded=self.encoded_samples - encoded_before)
+        self.step_encoded_samples.append(update.encoded_samples)
+        self._last_update = update
+        return update
+
+    def _append(self, samples: np.ndarray) -> None:
+        w = self.window
+        w.audio = samples if w.audio.shape[0] == 0 else np.concatenate([w.audio, samples], axis=0)
+        self.consumed += samples.shape[0]
+
+    def _chunk_step(self, chunk: np.ndarray) -> StreamUpdate:
+        encoded_before = self.encoded_samples
+        self._append(chunk)
+        committed = []
+        if self.max_window_samples is not None and self.window.audio.shape[0] > self.max_window_samples:
+            committed = self._commit()
+        w = self.window
+        prefix = (
+            ""
+            if w.chunk_id < self.unfixed_chunks
+            else rollback_prefix(self.tokenizer, w.raw, self.unfixed_tokens)
+        )
+        self._decode_window(prefix)
+        update = self._update(committed, final=False, encoded=self.encoded_samples - encoded_before)
+        self.step_encoded_samples.append(update.encoded_samples)
+        self._last_update = update
+        return update
+
+    def _decode_window(self, prefix: str) -> None:
+        """One official decode of the whole window after `prefix`; updates the window's state."""
+        w = self.window
+        gen, prompt = self._decode(w.audio, prefix)
+        self.last_prompt_ids = prompt
+        w.raw = prefix + self.tokenizer.decode(gen.tokens)
+        w.language, w.text = parse_output(w.raw, self.language)
+        w.truncated, w.repetitive = gen.truncated, gen.repetitive
+        w.chunk_id += 1
+        self.steps += 1
+
+    def _commit(self) -> list[Segment]:
+        """Cut the window at the quietest point of its stable part, transcribe the audio before the
+        cut on its own as a final segment, and restart the window at the cut."""
+        w = self.window
+        right = w.audio.shape[0] - self.margin_samples
+        left = max(self.min_commit_samples, right - self.search_samples)
+        if right - left <= self._quiet_window:
+            cut = right
+        else:
+            cut = left + quietest_sample(w.audio[left:right], self._quiet_window)
+        cut = min(max(cut, 1), w.audio.shape[0] - 1)
+        head = _Window(start=w.start, audio=w.audio[:cut])
+        gen, _ = self._decode(head.audio, "")
+        head.raw = self.tokenizer.decode(gen.tokens)
+        head.language, head.text = parse_output(head.raw, self.language)
+        head.truncated, head.repetitive = gen.truncated, gen.repetitive
+        segment = self._segment(head.start, head.start + cut, head)
+        self.segments.append(segment)
+        self.window = _Window(start=w.start + cut, audio=w.audio[cut:])
+        return [segment]
+
+    def _segment(self, start: int, end: int, w: _Window) -> Segment:
+        return Segment(
+            start=start / SAMPLE_RATE,
+            end=end / SAMPLE_RATE,
+            text=w.text,
+            language=w.language,
+            truncated=w.truncated,
+            repetitive=w.repetitive,
+        )
+
+    # --- model ------------------------------------------------------------------------------------
+
+    def prompt_ids(self, n_audio_tokens: int, prefix: str) -> list[int]:
+        """The whole prompt's ids for `n_audio_tokens` audio placeholders and a text prefix: what the
+        official tokenizer makes of the rendered prompt + prefix."""
+        return self._start_ids + self._rest_ids(n_audio_tokens, prefix)
+
+    def _rest_ids(self, n_audio_tokens: int, prefix: str) -> list[int]:
+        """The prompt after its shared start (system prompt and context)."""
+        suffix = prompt_suffix_ids(self.tokenizer, n_audio_tokens, self.language)
+        if not prefix:
+            return suffix
+        at = len(suffix) - 1 - suffix[::-1].index(self._im_start)
+        assistant = "assistant\n" + (f"language {self.language}<asr_text>" if self.language else "")
+        return suffix[: at + 1] + self.tokenizer.encode(assistant + prefix)
+
+    def _decode(self, audio: np.ndarray, prefix: str) -> tuple[Generation, list[int]]:
+        """Encode `audio`, build the prompt with `prefix`, decode greedily: (generation, prompt ids)."""
+        mel = log_mel_spectrogram(audio)
+        features = encode_segments(self.model, [mel])[0]
+        self.encoded_samples += int(audio.shape[0])
+        rest = self._rest_ids(int(features.shape[0]), prefix)
+        if self._start is None:
+            self._start = prefill_prefix(self.model.net, self._start_ids)
+        budget = self.max_new_tokens
+        if budget is None:
+            budget = token_budget(audio.shape[0] / SAMPLE_RATE)
+        gen = greedy_generate(self.model.net, rest, features, budget, self._eos, prefix=self._start)
+        return gen, self._start_ids + rest
+
+    # --- updates ----------------------------------------------------------------------------------
+
+    def _update(self, committed: list[Segment], *, final: bool, encoded: int) -> StreamUpdate:
+        w = self.window
+        if final:
+            stable_window = w.text
+        elif w.chunk_id < self.unfixed_chunks:
+            stable_window = ""
+        else:
+            stable_raw = rollback_prefix(self.tokenizer, w.raw, self.unfixed_tokens)
+            stable_window = parse_output(stable_raw, self.language)[1] if stable_raw else ""
+            stable_window = os.path.commonprefix([stable_window, w.text])
+        unstable = w.text[len(stable_window) :]
+        language = w.language
+        if not language and not w.text:
+            language = next((s.language for s in reversed(self.segments) if s.language), "")
+        # Segments committed at finish carry the window itself: join only the earlier ones.
+        earlier = self.segments[: len(self.segments) - (len(committed) if final else 0)]
+        text = join_texts([*(s.text for s in earlier), w.text], language or self.language)
+        stable = text[: len(text) - len(unstable)]
+        return StreamUpdate(
+            language=language,
+            text=text,
+            stable=stable,
+            unstable=unstable,
+            committed=committed,
+            final=final,
+            seconds=self.consumed / SAMPLE_RATE,
+            encoded_samples=encoded,
+        )
