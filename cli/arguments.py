@@ -53,10 +53,11 @@ EPILOG = f"""\
 commands (each with its own --help):
   mlxasr PATH ...                  transcribe files and folders (the default)
   mlxasr align AUDIO --text FILE   time a transcript or subtitles you already have
+  mlxasr live [-]                  live transcription of the microphone or standard input
   mlxasr convert SRC -o DST        convert a checkpoint to MLX, optionally quantized
   mlxasr serve                     run the transcription server (OpenAI-compatible API)
-  A first argument align, convert or serve always names the command: to transcribe a file
-  or folder of that name, write it as ./serve (./align, ./convert).
+  A first argument align, convert, live or serve always names the command: to transcribe a
+  file or folder of that name, write it as ./serve (./align, ./convert, ./live).
 
 examples:
   mlxasr ./recordings --srt

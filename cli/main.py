@@ -5,11 +5,12 @@ The command's entry. Its first argument may name a subcommand:
     mlxasr serve ...     the transcription server (mlx_qwen3asr.cli.serve)
     mlxasr convert ...   MLX checkpoints from any Qwen3-ASR release (mlx_qwen3asr.cli.convert)
     mlxasr align ...     time a transcript the user already has (mlx_qwen3asr.cli.align)
+    mlxasr live ...      live transcription of the microphone, a stream or a file (mlx_qwen3asr.cli.live)
 
 anything else is a folder run (mlx_qwen3asr.cli.run), transcription being the default. A first argument
-`serve`, `convert` or `align` always means the subcommand, whatever exists on disk: a file or folder of
-that name is transcribed as `./serve` (`./convert`, `./align`). Ctrl-C and SIGTERM stop every command
-cleanly.
+`serve`, `convert`, `align` or `live` always means the subcommand, whatever exists on disk: a file or
+folder of that name is transcribed as `./serve` (`./convert`, `./align`, `./live`). Ctrl-C and SIGTERM
+stop every command cleanly.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from mlx_qwen3asr import tune_malloc
-from mlx_qwen3asr.cli import align, convert, serve
+from mlx_qwen3asr.cli import align, convert, live, serve
 from mlx_qwen3asr.cli.arguments import build_parser
 from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_status
 from mlx_qwen3asr.cli.run import run
@@ -29,13 +30,13 @@ from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 __all__ = ["SUBCOMMANDS", "build_parser", "entry", "main"]
 
 # The subcommands, by the first argument that names them.
-SUBCOMMANDS = ("align", "convert", "serve")
+SUBCOMMANDS = ("align", "convert", "live", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run mlxasr with the given arguments (default: sys.argv[1:]); returns the exit status.
 
-    A first argument `serve`, `convert` or `align` runs that subcommand with the arguments after it.
+    A first argument `serve`, `convert`, `align` or `live` runs that subcommand with the arguments after it.
     """
     return _main(argv, restore_after_stop=True)
 
@@ -57,6 +58,8 @@ def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     with stop_handlers(restore_after_stop):
         if command == "align":
             return align.main(args_list[1:])
+        if command == "live":
+            return live.main(args_list[1:])
         parser = build_parser()
         try:
             args = parser.parse_args(args_list)

@@ -1,0 +1,366 @@
+"""`mlxasr live` end to end on a tiny random-weight checkpoint: files, standard input, the microphone
+(a stand-in sounddevice module), Ctrl-C, bad streams and existing outputs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import srt
+from reference import test_signal
+
+import mlx_qwen3asr.cli.live as live
+from mlx_qwen3asr.audio.files import load_audio
+from mlx_qwen3asr.checkpoints.loading import load
+from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
+from mlx_qwen3asr.text.output import join_texts
+
+# Short chunks and windows, so that a few seconds of audio make several commits.
+STREAM = ["--chunk-seconds", "1", "--max-window-seconds", "4"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoints) -> str:
+    return str(checkpoints("tiny"))
+
+
+def write_wav(path: Path, seconds: float, seed: int) -> Path:
+    """16-bit mono 16 kHz: the file, its raw PCM and a WAV stream of it hold the same samples."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, test_signal(seconds, seed), 16000, subtype="PCM_16")
+    return path
+
+
+def raw_pcm(path: Path) -> bytes:
+    data, rate = sf.read(path, dtype="int16")
+    assert rate == 16000 and data.ndim == 1
+    return data.astype("<i2").tobytes()
+
+
+def direct_segments(ckpt: str, path: Path):
+    """What StreamingTranscriber commits for the file's audio, fed in one piece."""
+    transcriber = StreamingTranscriber(load(ckpt), chunk_seconds=1.0, max_window_seconds=4.0)
+    transcriber.feed(load_audio(path))
+    transcriber.finish()
+    return transcriber.segments
+
+
+def run_live(*args: str, stdin: bytes | None = None, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+        cwd=cwd,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "loading model" not in line]
+
+
+# --- files --------------------------------------------------------------------------------------------
+
+
+def test_input_file_writes_what_the_streaming_transcriber_commits(tmp_path, ckpt, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 8.0, 1)
+    status = main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--txt", "--srt", "--json"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    expected = direct_segments(ckpt, audio)
+    assert len(expected) >= 2  # the window committed before the end
+
+    doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
+    got = [(s["start"], s["end"], s["text"]) for s in doc["segments"]]
+    assert got == [
+        (pytest.approx(s.start, abs=1e-3), pytest.approx(s.end, abs=1e-3), s.text) for s in expected
+    ]
+    assert doc["text"] == join_texts([s.text for s in expected], doc["language"])
+    assert doc["duration"] == pytest.approx(8.0)
+
+    txt = (tmp_path / "talk.txt").read_text(encoding="utf-8")
+    assert len([p for p in txt.split("\n\n") if p.strip()]) == len([s for s in expected if s.text.strip()])
+    cues = list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
+    assert cues and cues[-1].end.total_seconds() <= 8.0
+
+    # Not a terminal: one line per committed segment as it commits, then the whole text.
+    assert out[: len(expected)] == [live.segment_line(s) for s in expected]
+    assert out[len(expected) :] == [" ".join(doc["text"].split())]
+
+
+def test_realtime_input_takes_the_audio_duration(tmp_path, ckpt, capsys):
+    audio = write_wav(tmp_path / "three.wav", 3.0, 2)
+    began = time.monotonic()
+    status = main(["live", "--input", str(audio), "--realtime", "--model", ckpt, "-q"])
+    elapsed = time.monotonic() - began
+    captured = capsys.readouterr()
+    assert status == 0
+    assert elapsed >= 0.9 * 3.0
+    assert captured.out == "" and captured.err == ""
+
+
+# --- standard input ---------------------------------------------------------------------------------
+
+
+def test_raw_pcm_and_wav_on_stdin_give_the_input_file_text(tmp_path, ckpt):
+    audio = write_wav(tmp_path / "talk.wav", 6.0, 3)
+    assert main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--txt", "-q"]) == 0
+    expected = (tmp_path / "talk.txt").read_text(encoding="utf-8")
+    assert expected.strip()
+
+    raw = run_live(
+        "-", "--model", ckpt, *STREAM, "--txt", "--output", "raw", stdin=raw_pcm(audio), cwd=tmp_path
+    )
+    assert raw.returncode == 0, raw.stderr
+    assert (tmp_path / "raw.txt").read_text(encoding="utf-8") == expected
+
+    wav = run_live(
+        "-", "--model", ckpt, *STREAM, "--txt", "--output", "wav", stdin=audio.read_bytes(), cwd=tmp_path
+    )
+    assert wav.returncode == 0, wav.stderr
+    assert (tmp_path / "wav.txt").read_text(encoding="utf-8") == expected
+
+
+def test_wav_stream_of_another_rate_and_layout_is_resampled_and_mixed(tmp_path, ckpt):
+    mono = test_signal(3.0, 4, sample_rate=44100)
+    buffer = io.BytesIO()
+    sf.write(buffer, np.stack([mono, 0.5 * mono], axis=1), 44100, format="WAV", subtype="FLOAT")
+    done = run_live("-", "--model", ckpt, "--json", "--output", "st", stdin=buffer.getvalue(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "st.json").read_text(encoding="utf-8"))
+    assert doc["duration"] == pytest.approx(3.0, abs=1e-3)
+    assert doc["segments"] and doc["segments"][-1]["end"] == pytest.approx(3.0, abs=1e-3)
+
+
+def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt):
+    audio = write_wav(tmp_path / "talk.wav", 6.0, 5)
+    log = tmp_path / "stdout.log"
+    cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, *STREAM]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--srt", "--json", "--output", "cut"],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        try:
+            proc.stdin.write(raw_pcm(audio))  # then the stream stays open: it never ends by itself
+            proc.stdin.flush()
+            deadline = time.monotonic() + 120
+            while not log.read_text(encoding="utf-8").startswith("["):
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "no segment was committed"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            status = proc.wait(timeout=120)
+            err = proc.stderr.read().decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stdin.close()
+            proc.stderr.close()
+    assert status == 130, err
+    assert "interrupted" in err
+    doc = json.loads((tmp_path / "cut.json").read_text(encoding="utf-8"))
+    # Everything sent was heard: the last segment ends with the audio.
+    assert doc["segments"][-1]["end"] == pytest.approx(6.0, abs=1e-3)
+    cues = list(srt.parse((tmp_path / "cut.srt").read_text(encoding="utf-8")))
+    assert cues and cues[-1].end.total_seconds() <= 6.0
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+RIFF = b"RIFF\x24\x00\x00\x00WAVE"
+
+
+def fmt_chunk(tag: int = 1, channels: int = 1, rate: int = 16000, bits: int = 16) -> bytes:
+    block = channels * bits // 8
+    body = np.array([tag, channels], "<u2").tobytes() + np.array([rate, rate * block], "<u4").tobytes()
+    return b"fmt \x10\x00\x00\x00" + body + np.array([block, bits], "<u2").tobytes()
+
+
+BAD_STREAMS = {
+    "not WAVE": (RIFF[:8] + b"AVI LIST", "a RIFF stream that is not WAVE audio"),
+    "cut header": (RIFF + b"fmt ", "the stream ended inside the WAVE header"),
+    "0 Hz": (
+        RIFF + fmt_chunk(rate=0) + b"data\xff\xff\xff\xff" + bytes(3200),
+        "implausible sample rate 0 Hz",
+    ),
+    "mu-law": (RIFF + fmt_chunk(tag=7, bits=8) + b"data\xff\xff\xff\xff", "unsupported WAVE encoding"),
+    "data first": (RIFF + b"data\x00\x00\x00\x00", "the WAVE data comes before its fmt chunk"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STREAMS))
+def test_a_bad_wav_header_on_stdin_is_one_line_and_status_1(tmp_path, case, monkeypatch, capsys):
+    data, reason = BAD_STREAMS[case]
+    (tmp_path / "in").write_bytes(data)
+    with open(tmp_path / "in", "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        status = main(["live", "-", "--model", str(tmp_path / "no-model"), "--txt", "--output", "x"])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    assert len(err) == 1 and err[0].startswith("mlxasr live: error: stdin: ") and reason in err[0], err
+    assert not (tmp_path / "x.txt").exists()
+
+
+def test_an_odd_byte_count_on_stdin_is_said_and_the_rest_written(tmp_path, ckpt, monkeypatch, capsys):
+    pcm = raw_pcm(write_wav(tmp_path / "talk.wav", 2.0, 6))
+    (tmp_path / "in").write_bytes(pcm + b"\x01")
+    with open(tmp_path / "in", "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        status = main(["live", "-", "--model", ckpt, "--json", "--output", str(tmp_path / "odd"), "-q"])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    assert err == [
+        "mlxasr live: error: stdin: the stream ended inside a sample frame "
+        "(1 trailing byte(s) of a 2-byte frame); they were dropped"
+    ]
+    assert json.loads((tmp_path / "odd.json").read_text(encoding="utf-8"))["duration"] == pytest.approx(2.0)
+
+
+def test_wav_stream_reads_a_stated_data_size_and_stops_there():
+    samples = (np.arange(1000) % 50 - 25).astype("<i2")
+    data = samples.tobytes()
+    stream = RIFF + b"LIST\x03\x00\x00\x00abc\x00" + fmt_chunk() + b"data" + np.uint32(len(data)).tobytes()
+    reader = io.BytesIO(stream + data + b"junk after the data")
+    wav = live.WavStream(reader.read)
+    got = np.concatenate(list(wav.blocks()))
+    np.testing.assert_array_equal(got, samples.astype(np.float32) / 32768.0)
+
+
+# --- the microphone -----------------------------------------------------------------------------------
+
+
+def test_no_sounddevice_is_one_line_and_status_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # import sounddevice raises ImportError
+    status = main(["live", "--model", "not-loaded"])
+    assert status == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "mlxasr live: the microphone needs the sounddevice package: pip install 'mlx-qwen3asr[live]'"
+    ]
+
+
+def fake_sounddevice(samples: np.ndarray | None, rate: int = 48000) -> types.ModuleType:
+    """A sounddevice stand-in whose default input plays `samples` (None: there is no input device),
+    then presses Ctrl-C, as the user of a microphone ends a session."""
+    module = types.ModuleType("sounddevice")
+
+    def query_devices(kind=None):
+        if samples is None:
+            raise RuntimeError("Error querying device -1")
+        return {"name": "test input", "default_samplerate": float(rate)}
+
+    class InputStream:
+        def __init__(self, samplerate, channels, dtype, callback):
+            assert (samplerate, channels, dtype) == (rate, 1, "float32")
+            self.callback = callback
+
+        def play(self):
+            for start in range(0, samples.shape[0], 4800):
+                block = samples[start : start + 4800].reshape(-1, 1)
+                self.callback(block, block.shape[0], None, None)
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        def __enter__(self):
+            threading.Thread(target=self.play, daemon=True).start()
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    module.query_devices = query_devices
+    module.InputStream = InputStream
+    return module
+
+
+def test_microphone_session_ends_with_ctrl_c_and_writes_its_outputs(tmp_path, ckpt, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sounddevice", fake_sounddevice(test_signal(3.0, 7, sample_rate=48000)))
+    status = main(["live", "--model", ckpt, "--json", "--output", str(tmp_path / "mic"), "-q"])
+    assert status == 130, capsys.readouterr().err
+    doc = json.loads((tmp_path / "mic.json").read_text(encoding="utf-8"))
+    assert doc["duration"] == pytest.approx(3.0, abs=1e-3)
+    assert doc["source"] == "microphone"
+
+
+def test_no_input_device_is_one_line_and_status_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sounddevice", fake_sounddevice(None))
+    status = main(["live", "--model", "not-loaded"])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("mlxasr live: error: microphone: no input device"), err
+
+
+# --- outputs and usage ------------------------------------------------------------------------------
+
+
+def test_existing_output_is_refused_before_the_model_loads(tmp_path, ckpt, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 2.0, 8)
+    (tmp_path / "talk.srt").write_text("kept\n", encoding="utf-8")
+    status = main(["live", "--input", str(audio), "--model", str(tmp_path / "no-model"), "--srt", "--txt"])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2
+    assert err == [
+        f"mlxasr live: error: output {tmp_path / 'talk.srt'} already exists; "
+        "--overwrite replaces, --output NAME names others"
+    ]
+    assert (tmp_path / "talk.srt").read_text(encoding="utf-8") == "kept\n"
+    assert not (tmp_path / "talk.txt").exists()
+
+    assert main(["live", "--input", str(audio), "--model", ckpt, "--srt", "--overwrite", "-q"]) == 0
+    assert list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["talk.wav"], "the only source argument is - (standard input)"),
+        (["-", "--txt"], "outputs of standard input or the microphone need a name: --output NAME"),
+        (["--realtime"], "--realtime paces a file: give it with --input FILE"),
+        (["-", "--language", "Klingon"], "--language:"),
+        (
+            ["-", "--chunk-seconds", "2", "--max-window-seconds", "4"],
+            "must be at least 5 with --chunk-seconds 2",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_and_status_2(args, reason, capsys):
+    status = main(["live", *args, "--model", "not-loaded"])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2
+    assert len(err) == 1 and reason in err[0], err
+
+
+def test_terminal_display_shows_the_unstable_tail_dimmed(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    display = live._Display(quiet=False, out=screen)
+    update = live.StreamUpdate(
+        language="English", text="hello there world", stable="hello there", unstable=" world"
+    )
+    display.update(update, "")
+    display.close(None)
+    shown = screen.getvalue()
+    assert "hello there" in shown
+    assert "\x1b[2m world" in shown  # dim
