@@ -20,6 +20,7 @@ import queue
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,7 @@ import soxr
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_problem
 from mlx_qwen3asr.audio.files import read_audio
+from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.cli.models import load_model
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
@@ -575,7 +577,7 @@ class _Outputs:
         self.model_name = model_name
         self.written: list[Path] = []
 
-    def write(self, segments: list[Segment], audio: np.ndarray, language: str | None) -> None:
+    def write(self, segments: list[Segment], audio: Signal, language: str | None) -> None:
         if self.job is None:
             return
         lang = main_language(segments) if segments else (language or "")
@@ -583,7 +585,7 @@ class _Outputs:
             text=join_texts([s.text for s in segments], lang or language),
             language=lang,
             segments=list(segments),
-            duration=audio.shape[0] / SAMPLE_RATE,
+            duration=len(audio) / SAMPLE_RATE,
         )
         try:
             done = write_outputs(
@@ -597,21 +599,40 @@ class _Outputs:
         self.written = done.written
 
 
-class _Audio:
-    """All the session's audio (16 kHz mono float32), which the subtitle cues are timed against."""
+# Where the session's audio goes (an unnamed file in the temporary folder).
+_spill_file = tempfile.TemporaryFile
 
-    def __init__(self) -> None:
-        self.parts: list[np.ndarray] = []
-        self.whole = np.zeros(0, np.float32)
+
+class _Audio:
+    """The session's audio (16 kHz mono float32), which the subtitle cues are timed against, appended to
+    an unnamed temporary file: hours of it take disk rather than memory, nothing is copied again as it
+    grows, and the file is gone however the process ends. Without outputs nothing is kept."""
+
+    def __init__(self, keep: bool) -> None:
+        self.file = _spill_file() if keep else None
+        self.count = 0
 
     def add(self, block: np.ndarray) -> None:
-        self.parts.append(block)
+        if self.file is not None:
+            try:
+                self.file.write(np.ascontiguousarray(block, dtype=np.float32).tobytes())
+            except OSError as e:
+                raise LiveError(
+                    f"cannot keep the session's audio in the temporary folder ({(e.strerror or str(e)).lower()})",
+                    EXIT_FAILED,
+                ) from None
+        self.count += int(block.shape[0])
 
-    def samples(self) -> np.ndarray:
-        if self.parts:
-            self.whole = np.concatenate([self.whole, *self.parts])
-            self.parts = []
-        return self.whole
+    def signal(self) -> Signal:
+        """The audio so far, read by range from the file."""
+        if self.file is None:
+            return ArraySignal(np.zeros(0, np.float32))
+        self.file.flush()
+        return FileSignal(self.file, self.count, peak=1.0)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def _formats(args: argparse.Namespace) -> list[str]:
@@ -719,7 +740,7 @@ def _session(args: argparse.Namespace, say: _Say, stop: _Stop) -> int:
         language=language, context=args.context, max_segment_seconds=args.max_window_seconds
     )
     outputs = _Outputs(job, options, args.model)
-    audio = _Audio()
+    audio = _Audio(keep=job is not None)
     display = _Display(args.quiet)
     failure: LiveError | None = None
     final_text = None
@@ -736,22 +757,22 @@ def _session(args: argparse.Namespace, say: _Say, stop: _Stop) -> int:
                     ]
                     display.update(update, join_texts(committed, update.language or language))
                     if update.committed:
-                        outputs.write(transcriber.segments, audio.samples(), language)
+                        outputs.write(transcriber.segments, audio.signal(), language)
         except LiveError as e:
             failure = e
-        samples = audio.samples()
-        if samples.shape[0] == 0 and failure is None and stop.signum is None:
+        if audio.count == 0 and failure is None and stop.signum is None:
             failure = LiveError(f"{name}: no audio samples", EXIT_FAILED)
-        if samples.shape[0] or transcriber.segments:
+        if audio.count or transcriber.segments:
             final = transcriber.finish()
             committed = [
                 s.text for s in transcriber.segments[: len(transcriber.segments) - len(final.committed)]
             ]
             display.update(final, join_texts(committed, final.language or language))
             final_text = final.text
-            outputs.write(transcriber.segments, samples, language)
+            outputs.write(transcriber.segments, audio.signal(), language)
     finally:
         display.close(final_text)
+        audio.close()
     if outputs.written:
         say.info(f"wrote {', '.join(map(str, outputs.written))}")
     if failure is not None:

@@ -101,6 +101,50 @@ def test_input_file_writes_what_the_streaming_transcriber_commits(tmp_path, ckpt
     assert out[len(expected) :] == [" ".join(doc["text"].split())]
 
 
+def test_session_audio_is_kept_on_disk_and_read_back_exactly():
+    kept = live._Audio(keep=True)
+    blocks = [np.linspace(-1, 1, n, dtype=np.float32) for n in (5, 0, 16000, 7)]
+    for block in blocks:
+        kept.add(block)
+    signal_ = kept.signal()
+    assert len(signal_) == kept.count == 16012
+    assert np.array_equal(signal_.read(0, len(signal_)), np.concatenate(blocks))
+    assert np.array_equal(signal_.read(10, 20), np.concatenate(blocks)[10:20])
+    kept.close()
+    nothing = live._Audio(keep=False)  # no outputs: the audio is only counted
+    nothing.add(blocks[2])
+    assert nothing.count == 16000 and len(nothing.signal()) == 0
+
+
+def test_a_full_temporary_folder_ends_the_session_with_one_line_and_what_was_committed(
+    tmp_path, ckpt, monkeypatch, capsys
+):
+    class Full(io.BytesIO):
+        def write(self, data):
+            if self.tell() + len(data) > 4 * 16000 * 5:  # 5 s of audio fit
+                raise OSError(28, "No space left on device")
+            return super().write(data)
+
+        def fileno(self):
+            raise OSError("no descriptor")
+
+    monkeypatch.setattr(live, "_spill_file", Full)
+    monkeypatch.setattr(
+        live,
+        "FileSignal",
+        lambda f, n, peak: live.ArraySignal(np.frombuffer(f.getvalue(), dtype=np.float32)[:n]),
+    )
+    audio = write_wav(tmp_path / "talk.wav", 8.0, 1)
+    status = main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--json"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert [line for line in err.splitlines() if "error" in line] == [
+        "mlxasr live: error: cannot keep the session's audio in the temporary folder (no space left on device)"
+    ]
+    doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
+    assert doc["segments"] and doc["duration"] <= 5.0 + 1e-6
+
+
 def test_realtime_input_takes_the_audio_duration(tmp_path, ckpt, capsys):
     audio = write_wav(tmp_path / "three.wav", 3.0, 2)
     began = time.monotonic()
