@@ -49,12 +49,17 @@ DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 20.0
 DEFAULT_BODY_MIN_RATE = 4096.0
 DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_LIVE_SESSIONS = 4
+DEFAULT_MAX_LIVE_SECONDS = 3600.0
+DEFAULT_LIVE_IDLE_TIMEOUT = 30.0
+DEFAULT_MAX_LIVE_BUFFER_SECONDS = 30.0
 UPLOAD_MB_RANGE = (0.001, 1_000_000.0)
 QUEUE_SECONDS_RANGE = (0.0, 10_000_000.0)
 AUDIO_SECONDS_RANGE = (0.001, 10_000_000.0)
 TIMEOUT_RANGE = (0.01, 86_400.0)
 MIN_RATE_RANGE = (1.0, 1e12)
 CONNECTIONS_RANGE = (1, 1_000_000)
+LIVE_SESSIONS_RANGE = (0, 10_000)
 
 DESCRIPTION = """\
 Serve transcription over HTTP with the API of OpenAI's /v1/audio/transcriptions, so that OpenAI
@@ -69,6 +74,8 @@ endpoints:
                                   (accepted, ignored: decoding is greedy), stream (server-sent events)
   GET  /v1/models                 the loaded model
   GET  /health                    status and the audio waiting
+  GET  /v1/realtime/transcription WebSocket: 16 kHz 16-bit PCM in, partial and committed text out
+                                  as JSON events (see docs/server.md)
 
 example:
   mlxasr serve --port 8000 --api-key secret
@@ -185,6 +192,38 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"open connections at most; more get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
     )
+    p.add_argument(
+        "--max-live-sessions",
+        type=int_in(LIVE_SESSIONS_RANGE),
+        default=DEFAULT_MAX_LIVE_SESSIONS,
+        metavar="N",
+        help="live WebSocket sessions at once; more are refused with an error event and close code 1013 "
+        f"(default: {DEFAULT_MAX_LIVE_SESSIONS}; 0: no live sessions)",
+    )
+    p.add_argument(
+        "--max-live-seconds",
+        type=number_in(AUDIO_SECONDS_RANGE, "seconds"),
+        default=DEFAULT_MAX_LIVE_SECONDS,
+        metavar="S",
+        help="longest live session, in audio received and in time connected; then an error event and "
+        f"closed (default: {DEFAULT_MAX_LIVE_SECONDS:g})",
+    )
+    p.add_argument(
+        "--live-idle-timeout",
+        type=number_in(TIMEOUT_RANGE, "seconds"),
+        default=DEFAULT_LIVE_IDLE_TIMEOUT,
+        metavar="S",
+        help="a live session whose client sends nothing for S seconds gets an error event and is closed "
+        f"(default: {DEFAULT_LIVE_IDLE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--max-live-buffer-seconds",
+        type=number_in(AUDIO_SECONDS_RANGE, "seconds"),
+        default=DEFAULT_MAX_LIVE_BUFFER_SECONDS,
+        metavar="S",
+        help="audio a live session may have waiting for the model; more (sent faster than it is "
+        f"transcribed) ends the session (default: {DEFAULT_MAX_LIVE_BUFFER_SECONDS:g})",
+    )
     add_batch_size(p, "from all requests", "")
     add_speech_detection(p)
     return p
@@ -289,7 +328,7 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
         import uvicorn
 
         from mlx_qwen3asr.pipeline.engine import Engine
-        from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
+        from mlx_qwen3asr.serve.app import ConnectionLimits, LiveLimits, create_app, uvicorn_config
 
         engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad_options(args) or False)
         api_key = args.api_key
@@ -304,6 +343,12 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
             host=args.host,
             allowed_hosts=args.allowed_host,
             cors_origins=args.cors_origin,
+            live=LiveLimits(
+                max_sessions=args.max_live_sessions,
+                max_seconds=args.max_live_seconds,
+                idle_timeout=args.live_idle_timeout,
+                max_buffer_seconds=args.max_live_buffer_seconds,
+            ),
         )
         limits = ConnectionLimits(
             header_timeout=args.header_timeout,

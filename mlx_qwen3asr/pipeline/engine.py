@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
@@ -141,6 +143,19 @@ class Engine:
             self._lock.notify()
         return job
 
+    def call(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run fn(*args) on the engine's thread, between two steps of its batch, and return a Future of
+        its result: model work done outside the scheduler (a live stream's steps) that never uses the
+        model at the same time as the batch. Raises RuntimeError when the engine is closed; a call still
+        waiting when it closes raises JobCancelled."""
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._inbox.append(("call", (future, fn, args)))
+            self._lock.notify()
+        return future
+
     def queued_seconds(self) -> float:
         """Seconds of audio submitted and not finished yet."""
         with self._lock:
@@ -159,7 +174,12 @@ class Engine:
         with self._lock:
             self._closed = True
             jobs = list(self._jobs.values())
+            calls, self._inbox = (
+                [item for kind, item in self._inbox if kind == "call"],
+                [(kind, item) for kind, item in self._inbox if kind != "call"],
+            )
             self._lock.notify()
+        self._refuse(calls)
         for job in jobs:
             job.cancel()
         self._thread.join(timeout=30)
@@ -179,8 +199,10 @@ class Engine:
             with self._lock:
                 self._closed = True
                 jobs, self._jobs = list(self._jobs.values()), {}
+                calls = [item for kind, item in self._inbox if kind == "call"]
             for job in jobs:
                 job._finish(error=RuntimeError(f"the engine stopped ({type(e).__name__}: {e})"))
+            self._refuse(calls)
             raise
 
     def _loop(self) -> None:
@@ -193,6 +215,9 @@ class Engine:
                     return
                 inbox, self._inbox = self._inbox, []
             for kind, item in inbox:
+                if kind == "call":
+                    self._call(*item)
+                    continue
                 try:
                     if kind == "submit":
                         key, audio, options = item
@@ -217,6 +242,24 @@ class Engine:
                 continue
             for res in results:
                 self._finish(res.index, result=res)
+
+    @staticmethod
+    def _refuse(calls: list[tuple[Future, Callable[..., Any], tuple]]) -> None:
+        """Calls that will not run (the engine stopped): their futures raise JobCancelled."""
+        for future, _, _ in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(JobCancelled("the engine stopped before the call ran"))
+
+    @staticmethod
+    def _call(future: Future, fn: Callable[..., Any], args: tuple) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(*args)
+        except BaseException as e:  # the caller's failure, not the engine's
+            future.set_exception(e)
+        else:
+            future.set_result(result)
 
     def _finish(
         self, key: int, result: InputResult | None = None, error: BaseException | None = None

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.errors import APIError, too_large
 
-__all__ = ["Access", "Guard", "close_after"]
+__all__ = ["Access", "Guard", "authorized", "close_after"]
 
 # Host names always accepted in the Host header (besides the address the server is bound to).
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -29,7 +29,7 @@ WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")
 DISCARD_FACTOR = 4
 
 
-def _authorized(header: str | None, key: str) -> bool:
+def authorized(header: str | None, key: str) -> bool:
     """Whether an Authorization header carries `Bearer <key>`, compared in constant time."""
     scheme, _, token = (header or "").strip().partition(" ")
     if scheme.lower() != "bearer":
@@ -159,7 +159,7 @@ class Guard:
                 return
             send = self._with_cors(send, origin)
         key = self.api_key
-        if key is not None and not _authorized(headers.get("authorization"), key):
+        if key is not None and not authorized(headers.get("authorization"), key):
             error = APIError(
                 401,
                 "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",

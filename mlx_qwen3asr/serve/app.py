@@ -5,6 +5,7 @@
                                     temperature, stream
     GET  /v1/models                 the loaded model as an OpenAI model list
     GET  /health                    status, the model, whether words can be timed, audio queued
+    GET  /v1/realtime/transcription WebSocket: live audio in, partial and committed text out (live.py)
 
 Requests share the Engine's running batch (continuous batching), so concurrent clients cost little
 more than one. Uploads stream to a file in a private folder, counted against the size limit as they
@@ -44,7 +45,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp
 
 from mlx_qwen3asr.audio.features import AudioError
@@ -56,12 +57,14 @@ from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, Guard
 from mlx_qwen3asr.serve.connections import ConnectionLimits, http_protocol
 from mlx_qwen3asr.serve.errors import APIError, ClientGone
+from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits, LiveSessions
 from mlx_qwen3asr.serve.openai import RESPONSE_FORMATS, EventStream, parse_request, render_response
 from mlx_qwen3asr.serve.uploads import Upload, read_upload, write_chunk
 
 __all__ = [
     "APIError",
     "ConnectionLimits",
+    "LiveLimits",
     "RESPONSE_FORMATS",
     "create_app",
     "http_protocol",
@@ -356,8 +359,14 @@ def uvicorn_config(app: ASGIApp, limits: ConnectionLimits | None = None, **kwarg
     """A uvicorn.Config serving `app` whose connections follow `limits` (default ConnectionLimits());
     kwargs go to uvicorn.Config."""
     import uvicorn
+    from uvicorn.config import WS_PROTOCOLS
 
-    kwargs.setdefault("ws", "none")  # no WebSocket endpoints: an upgrade stays an HTTP request
+    live = getattr(getattr(app, "state", None), "live", None)
+    kwargs.setdefault("ws", "websockets-sansio" if "websockets-sansio" in WS_PROTOCOLS else "websockets")
+    if isinstance(live, LiveSessions):
+        # Frames a little over the limit reach the session, which answers them with an error event;
+        # the connection itself closes (1009) on larger ones.
+        kwargs.setdefault("ws_max_size", 2 * live.limits.max_frame_bytes + 1024)
     return uvicorn.Config(app, http=http_protocol(limits or ConnectionLimits()), **kwargs)
 
 
@@ -374,6 +383,7 @@ def create_app(
     host: str = "127.0.0.1",
     allowed_hosts: Iterable[str] = (),
     cors_origins: Iterable[str] = (),
+    live: LiveLimits | None = None,
 ) -> Starlette:
     """The ASGI application serving `engine` (which the caller closes when the server has stopped).
 
@@ -386,7 +396,9 @@ def create_app(
     ::1 or one of allowed_hosts ("*": any); bound to every interface (0.0.0.0, ::), any IP address
     and the machine's name are accepted too. cors_origins: the browser origins (e.g.
     "https://app.example", "*" for any) allowed to make cross-origin requests; others are refused
-    (403), as are those of every other origin when it is empty.
+    (403), as are those of every other origin when it is empty. live: the bounds of the live sessions
+    (WebSocket at /v1/realtime/transcription; default LiveLimits()), checked for Host, Origin and key
+    as the HTTP API.
 
     Run it with `uvicorn_config`, whose connections have deadlines and a bound on their number.
     """
@@ -406,6 +418,10 @@ def create_app(
         access=Access.build(host, allowed_hosts, cors_origins),
     )
 
+    sessions = LiveSessions(
+        engine, model_id=model_id, access=server.access, api_key=api_key, limits=live or LiveLimits()
+    )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -421,6 +437,7 @@ def create_app(
             Route("/v1/models", _route(server.models), methods=["GET"]),
             Route("/v1/models/{model:path}", _route(server.model), methods=["GET"]),
             Route("/health", _route(server.health), methods=["GET"]),
+            WebSocketRoute(LIVE_PATH, sessions.endpoint),
         ],
         middleware=[
             Middleware(Guard, access=server.access, api_key=api_key, max_upload_bytes=server.max_upload_bytes)
@@ -429,4 +446,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.server = server
+    app.state.live = sessions
     return app

@@ -1,0 +1,494 @@
+"""Live transcription over a WebSocket: audio frames in, partial and committed text out as JSON events.
+
+    GET /v1/realtime/transcription   upgraded to a WebSocket
+
+The client sends 16-bit little-endian mono PCM at 16 kHz, as JSON
+``{"type": "input_audio_buffer.append", "audio": "<base64>"}`` or as binary frames of raw PCM, then
+``{"type": "session.finish"}`` (or ``input_audio_buffer.commit``): the tail is flushed, the final
+events sent and the socket closed normally. ``{"type": "transcription_session.update", "session":
+{"language", "prompt"}}`` may come before the first audio. The server answers with the events of
+OpenAI's realtime transcription where they fit (docs/server.md lists them): a
+``conversation.item.input_audio_transcription.delta`` after every step of the stream with the whole
+current text, its stable and unstable parts; a ``...completed`` for every committed segment; an
+``error`` event, then a close, for anything refused.
+
+Each session runs a StreamingTranscriber (pipeline.streaming). Its steps run on the Engine's thread
+(Engine.call), between two steps of the file requests' batch, so the model is never used from two
+threads at once and the event loop never waits on the model. Who may connect is checked as for the
+HTTP API (Host, Origin, API key); sessions, the audio waiting in a session, its length and its
+silences are bounded (LiveLimits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.datastructures import Headers
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
+from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
+from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
+from mlx_qwen3asr.runtime.messages import one_line
+from mlx_qwen3asr.serve.access import Access, authorized
+from mlx_qwen3asr.serve.errors import APIError
+from mlx_qwen3asr.text.languages import resolve_language
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids
+
+__all__ = ["LIVE_PATH", "KEY_PROTOCOL", "LiveLimits", "LiveSessions"]
+
+log = logging.getLogger(__name__)
+
+LIVE_PATH = "/v1/realtime/transcription"
+# A browser cannot set headers on a WebSocket: it may send the key as a subprotocol, as OpenAI's own.
+KEY_PROTOCOL = "openai-insecure-api-key."
+# The subprotocol the server answers with when the client offers it.
+REALTIME_PROTOCOL = "realtime"
+
+DEFAULT_MAX_SESSIONS = 4
+DEFAULT_MAX_SECONDS = 3600.0
+DEFAULT_IDLE_TIMEOUT = 30.0
+DEFAULT_MAX_BUFFER_SECONDS = 30.0
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+
+# Close codes (RFC 6455).
+CLOSE_NORMAL = 1000
+CLOSE_INVALID_DATA = 1007
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+CLOSE_SERVICE_RESTART = 1012
+CLOSE_TRY_LATER = 1013
+
+_EVENT = "conversation.item.input_audio_transcription"
+
+
+@dataclass(frozen=True)
+class LiveLimits:
+    """Bounds and settings of the live sessions.
+
+    max_sessions: sessions at once; more are refused (error ``too_many_sessions``, close 1013).
+    max_seconds: the longest session, counted both in audio received and in time connected.
+    idle_timeout: the longest wait for the client's next frame while the session is open.
+    max_buffer_seconds: audio received and not yet taken by the model; more (a client sending faster
+    than the model keeps up) ends the session (``buffer_overflow``). max_frame_bytes: the largest
+    frame. chunk_seconds, unfixed_chunks, unfixed_tokens, max_window_seconds, max_new_tokens: the
+    StreamingTranscriber's settings.
+    """
+
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    max_buffer_seconds: float = DEFAULT_MAX_BUFFER_SECONDS
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    chunk_seconds: float = 2.0
+    unfixed_chunks: int = 2
+    unfixed_tokens: int = 5
+    max_window_seconds: float | None = DEFAULT_MAX_WINDOW_SECONDS
+    max_new_tokens: int | None = None
+
+    def transcriber(self, model: Any, language: str | None, context: str) -> StreamingTranscriber:
+        return StreamingTranscriber(
+            model,
+            language=language,
+            context=context,
+            chunk_seconds=self.chunk_seconds,
+            unfixed_chunks=self.unfixed_chunks,
+            unfixed_tokens=self.unfixed_tokens,
+            max_window_seconds=self.max_window_seconds,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+
+class LiveError(Exception):
+    """What ends a session early: the error event's code and message, and the close code."""
+
+    def __init__(self, code: str, message: str, close: int, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.code, self.message, self.close, self.kind = code, one_line(message), close, kind
+
+    def event(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"message": self.message, "type": self.kind, "code": self.code}}
+
+
+def delta_event(item: int, update: StreamUpdate, previous: str) -> dict[str, Any]:
+    """The event of one step: the text as it now stands, and how it changed since `previous`: the last
+    `replaced` characters of the previous text give way to `delta`."""
+    same = len(os.path.commonprefix([previous, update.text]))
+    return {
+        "type": f"{_EVENT}.delta",
+        "item_id": f"item_{item}",
+        "content_index": 0,
+        "delta": update.text[same:],
+        "replaced": len(previous) - same,
+        "text": update.text,
+        "stable": update.stable,
+        "unstable": update.unstable,
+        "language": update.language,
+        "audio_seconds": round(update.seconds, 6),
+        "final": update.final,
+    }
+
+
+def completed_event(item: int, segment: Any) -> dict[str, Any]:
+    return {
+        "type": f"{_EVENT}.completed",
+        "item_id": f"item_{item}",
+        "content_index": 0,
+        "transcript": segment.text,
+        "language": segment.language,
+        "start": round(segment.start, 6),
+        "end": round(segment.end, 6),
+    }
+
+
+def update_events(updates: list[StreamUpdate], state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of a list of updates, in order: each step's delta, then the segments it committed.
+    state carries the previous text and the number of segments completed from one call to the next."""
+    events = []
+    for update in updates:
+        events.append(delta_event(state["items"], update, state["text"]))
+        state["text"] = update.text
+        for segment in update.committed:
+            events.append(completed_event(state["items"], segment))
+            state["items"] += 1
+    return events
+
+
+def _pcm(data: bytes) -> np.ndarray:
+    if len(data) % 2:
+        raise LiveError(
+            "invalid_audio", f"audio of {len(data)} bytes is not 16-bit PCM (odd count)", CLOSE_INVALID_DATA
+        )
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+class _Session:
+    """One client's stream: frames are read (reader) while the model takes the audio (worker)."""
+
+    def __init__(self, sessions: LiveSessions, websocket: WebSocket, number: int) -> None:
+        self.sessions, self.ws, self.number = sessions, websocket, number
+        self.limits = sessions.limits
+        self.language: str | None = None
+        self.context = ""
+        self.pending: list[np.ndarray] = []
+        self.pending_samples = 0
+        self.received_samples = 0
+        self.finishing = False
+        self.wake = asyncio.Event()
+        self.state = {"text": "", "items": 0}
+        self.deadline = time.monotonic() + self.limits.max_seconds
+
+    # -- the client's frames --
+
+    async def reader(self) -> None:
+        limits = self.limits
+        while not self.finishing:
+            wait = min(limits.idle_timeout, self.deadline - time.monotonic())
+            if wait <= 0:
+                raise self._too_long()
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout=wait)
+            except asyncio.TimeoutError:
+                if time.monotonic() >= self.deadline:
+                    raise self._too_long() from None
+                raise LiveError(
+                    "idle_timeout", f"no frame from the client for {limits.idle_timeout:g} s", CLOSE_POLICY
+                ) from None
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            data, text = message.get("bytes"), message.get("text")
+            size = len(data) if data is not None else len((text or "").encode("utf-8", "surrogatepass"))
+            if size > limits.max_frame_bytes:
+                raise LiveError(
+                    "frame_too_large",
+                    f"a frame of {size} bytes is larger than the limit of {limits.max_frame_bytes} bytes",
+                    CLOSE_TOO_BIG,
+                )
+            if data is not None:
+                self._audio(_pcm(data))
+            else:
+                await self._event(text or "")
+
+    def _too_long(self) -> LiveError:
+        return LiveError(
+            "session_too_long", f"the session passed the limit of {self.limits.max_seconds:g} s", CLOSE_POLICY
+        )
+
+    async def _event(self, text: str) -> None:
+        try:
+            event = json.loads(text)
+        except ValueError:
+            raise LiveError("invalid_json", "a text frame is not a JSON object", CLOSE_INVALID_DATA) from None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise LiveError(
+                "invalid_event", "an event must be a JSON object with a 'type'", CLOSE_INVALID_DATA
+            )
+        kind = event["type"]
+        if kind == "input_audio_buffer.append":
+            audio = event.get("audio")
+            if not isinstance(audio, str):
+                raise LiveError("invalid_audio", "'audio' must be a base64 string", CLOSE_INVALID_DATA)
+            try:
+                data = base64.b64decode(audio, validate=True)
+            except (binascii.Error, ValueError):
+                raise LiveError("invalid_audio", "'audio' is not valid base64", CLOSE_INVALID_DATA) from None
+            self._audio(_pcm(data))
+        elif kind in ("input_audio_buffer.commit", "session.finish"):
+            self.finishing = True
+            self.wake.set()
+        elif kind == "transcription_session.update":
+            self._update(event.get("session"))
+            await self.ws.send_json({"type": "transcription_session.updated", "session": self.settings()})
+        else:
+            raise LiveError("unknown_event", f"unknown event type {one_line(kind)[:60]!r}", CLOSE_POLICY)
+
+    def _update(self, session: Any) -> None:
+        if self.received_samples:
+            raise LiveError(
+                "session_started", "the session can only be updated before its first audio", CLOSE_POLICY
+            )
+        if not isinstance(session, dict):
+            raise LiveError("invalid_event", "'session' must be an object", CLOSE_INVALID_DATA)
+        audio_format = session.get("input_audio_format")
+        if audio_format not in (None, "pcm16"):
+            raise LiveError(
+                "invalid_audio_format", "the only input_audio_format is 'pcm16' (16 kHz mono)", CLOSE_POLICY
+            )
+        language, prompt = session.get("language", self.language), session.get("prompt", self.context)
+        if language is not None and not isinstance(language, str) or not isinstance(prompt, str):
+            raise LiveError("invalid_event", "'language' and 'prompt' must be strings", CLOSE_INVALID_DATA)
+        try:
+            resolve_language(language or None)
+            prompt_prefix_ids(self.sessions.engine.model.tokenizer, prompt)
+        except ValueError as e:
+            raise LiveError("invalid_session", str(e), CLOSE_POLICY) from None
+        self.language, self.context = language or None, prompt
+
+    def _audio(self, samples: np.ndarray) -> None:
+        self.received_samples += samples.shape[0]
+        if self.received_samples > self.limits.max_seconds * SAMPLE_RATE:
+            raise self._too_long()
+        self.pending.append(samples)
+        self.pending_samples += samples.shape[0]
+        if self.pending_samples > self.limits.max_buffer_seconds * SAMPLE_RATE:
+            raise LiveError(
+                "buffer_overflow",
+                f"more than {self.limits.max_buffer_seconds:g} s of audio wait for the model: send audio "
+                "no faster than it is spoken",
+                CLOSE_POLICY,
+            )
+        self.wake.set()
+
+    def settings(self) -> dict[str, Any]:
+        limits = self.limits
+        return {
+            "id": f"sess_{self.number}",
+            "object": "realtime.transcription_session",
+            "model": self.sessions.model_id,
+            "input_audio_format": "pcm16",
+            "sample_rate": SAMPLE_RATE,
+            "language": self.language,
+            "prompt": self.context,
+            "chunk_seconds": limits.chunk_seconds,
+            "idle_timeout": limits.idle_timeout,
+            "max_seconds": limits.max_seconds,
+            "max_buffer_seconds": limits.max_buffer_seconds,
+            "max_frame_bytes": limits.max_frame_bytes,
+        }
+
+    # -- the model's side --
+
+    async def worker(self) -> None:
+        sessions = self.sessions
+        stream: StreamingTranscriber | None = None
+        while True:
+            if not self.pending and not self.finishing:
+                await self.wake.wait()
+                self.wake.clear()
+                continue
+            if self.pending:
+                samples = np.concatenate(self.pending)
+                self.pending, self.pending_samples = [], 0
+                if stream is None:
+                    stream = await sessions.run(
+                        self.limits.transcriber, sessions.engine.model, self.language, self.context
+                    )
+                updates = await sessions.run(stream.feed, samples)
+                for event in update_events(updates, self.state):
+                    await self.ws.send_json(event)
+                continue
+            if self.finishing:
+                if stream is None:
+                    stream = await sessions.run(
+                        self.limits.transcriber, sessions.engine.model, self.language, self.context
+                    )
+                final = await sessions.run(stream.finish)
+                for event in update_events([final], self.state):
+                    await self.ws.send_json(event)
+                await self.ws.send_json(
+                    {
+                        "type": "transcription_session.finished",
+                        "text": final.text,
+                        "language": final.language,
+                        "audio_seconds": round(final.seconds, 6),
+                    }
+                )
+                return
+
+    # -- the session --
+
+    async def run(self) -> None:
+        reader = asyncio.ensure_future(self.reader())
+        worker = asyncio.ensure_future(self.worker())
+        try:
+            done, _ = await asyncio.wait({reader, worker}, return_when=asyncio.FIRST_EXCEPTION)
+            if worker in done:
+                worker.result()
+                return
+            reader.result()  # raises what ended the reading, if anything
+            await worker  # finishing: the reader stopped after session.finish
+        finally:
+            for task in (reader, worker):
+                if not task.done():
+                    task.cancel()
+            for task in (reader, worker):
+                with contextlib.suppress(BaseException):
+                    await task
+
+
+class LiveSessions:
+    """The live endpoint: who may connect, how many at once, and the model's steps on the engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_id: str,
+        access: Access,
+        api_key: str | None,
+        limits: LiveLimits | None = None,
+    ) -> None:
+        self.engine, self.model_id, self.access, self.api_key = engine, model_id, access, api_key
+        self.limits = limits or LiveLimits()
+        self.active = 0
+        self._numbers = itertools.count(1)
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the engine's thread, awaited without blocking the event loop."""
+        closing = LiveError(
+            "shutting_down", "the server is shutting down", CLOSE_SERVICE_RESTART, "server_error"
+        )
+        try:
+            future = self.engine.call(fn, *args)
+        except RuntimeError:  # the engine is closed
+            raise closing from None
+        try:
+            return await asyncio.wrap_future(future)
+        except JobCancelled:
+            raise closing from None
+
+    # -- who connects --
+
+    def refusal(self, websocket: WebSocket) -> APIError | None:
+        """Why a connection is refused (the HTTP API's Host, Origin and key checks), or None."""
+        headers = Headers(scope=websocket.scope)
+        host = headers.get("host")
+        if not self.access.host_allowed(host):
+            return APIError(
+                421,
+                f"this server does not answer to the host name {one_line(host or '')[:100]!r}",
+                code="host_not_allowed",
+            )
+        origin = headers.get("origin")
+        if origin is not None:
+            origin = origin.strip().rstrip("/").lower()
+            scheme = "https" if websocket.scope.get("scheme") == "wss" else "http"
+            own = origin == f"{scheme}://{(host or '').lower()}"
+            if not own and not self.access.cross_origin_allowed(origin):
+                return APIError(
+                    403,
+                    f"cross-origin connections from {one_line(origin)[:100]!r} are refused",
+                    code="origin_not_allowed",
+                )
+        key = self.api_key
+        if key is not None:
+            offered = [p for p in websocket.scope.get("subprotocols", []) if p.startswith(KEY_PROTOCOL)]
+            by_protocol = any(authorized(f"Bearer {p[len(KEY_PROTOCOL) :]}", key) for p in offered)
+            if not by_protocol and not authorized(headers.get("authorization"), key):
+                return APIError(
+                    401,
+                    "missing or incorrect API key: send 'Authorization: Bearer <key>' or the subprotocol "
+                    f"'{KEY_PROTOCOL}<key>'",
+                    code="invalid_api_key",
+                )
+        return None
+
+    async def endpoint(self, websocket: WebSocket) -> None:
+        error = self.refusal(websocket)
+        if error is not None:
+            log.info("live connection refused: %s", error.code)
+            if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                await websocket.send_denial_response(error.response())
+            else:
+                await websocket.close(CLOSE_POLICY)
+            return
+        offered = websocket.scope.get("subprotocols", [])
+        await websocket.accept(subprotocol=REALTIME_PROTOCOL if REALTIME_PROTOCOL in offered else None)
+        if self.active >= self.limits.max_sessions:
+            log.info("live session refused: %d are open", self.active)
+            await self._close_with(
+                websocket,
+                LiveError(
+                    "too_many_sessions",
+                    f"the server already holds {self.limits.max_sessions} live sessions; retry later",
+                    CLOSE_TRY_LATER,
+                    "server_error",
+                ),
+            )
+            return
+        self.active += 1
+        session = _Session(self, websocket, next(self._numbers))
+        try:
+            await websocket.send_json(
+                {"type": "transcription_session.created", "session": session.settings()}
+            )
+            await session.run()
+            await websocket.close(CLOSE_NORMAL)
+        except LiveError as e:
+            log.info("live session %d closed: %s (%s)", session.number, e.code, e.message)
+            await self._close_with(websocket, e)
+        except WebSocketDisconnect:
+            log.info("live session %d: the client went away", session.number)
+        except Exception as e:
+            log.error("live session %d failed", session.number, exc_info=(type(e), e, e.__traceback__))
+            await self._close_with(
+                websocket,
+                LiveError(
+                    "internal_error",
+                    "transcription failed (see the server log)",
+                    CLOSE_INTERNAL,
+                    "server_error",
+                ),
+            )
+        finally:
+            self.active -= 1
+
+    @staticmethod
+    async def _close_with(websocket: WebSocket, error: LiveError) -> None:
+        with contextlib.suppress(Exception):  # the client may be gone already
+            if websocket.application_state == WebSocketState.CONNECTED:
+                await websocket.send_json(error.event())
+                await websocket.close(error.close)
