@@ -4,6 +4,7 @@
     python tools/bench.py --mode file --file-seconds 600    # one long file
     python tools/bench.py --mode folder --files 16          # a folder of 20 s files: throughput
     python tools/bench.py --mode vad --vad-minutes 60       # half speech, half noise: --vad vs --no-vad
+    python tools/bench.py --mode live --preset tiny         # a 10 min stream played live (tools/live_bench.py)
     python tools/bench.py --mode all --peers --peer-python /path/to/peers-venv/bin/python --json out.json
 
 Without --model, a random-weight 0.6b checkpoint in the release layout is built once under
@@ -659,10 +660,119 @@ def vad_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------------
+# Live transcription: one stream fed chunk by chunk at real time (virtual clock, tools/live_bench.py)
+
+
+def live_bench(args: argparse.Namespace, model, model_path: Path, work: Path) -> dict:
+    """The --live-seconds stream with the bounded window, the first --unbounded-seconds of it with an
+    unbounded one and, with --peers, moona3k's streaming on the same audio."""
+    from tools import live_bench as live
+
+    rate = args.tokens_per_second or 4.0
+    settings = dict(chunk_seconds=args.chunk_seconds, tokens_per_second=rate, language=args.language or None)
+    audio = speechlike(args.live_seconds, seed=0)
+    windows = [("bounded", args.max_window_seconds, audio)]
+    if args.unbounded_seconds:
+        windows.append(("unbounded", None, audio[: int(round(args.unbounded_seconds * SAMPLE_RATE))]))
+    runs = []
+    with no_loop_stop():
+        warm = speechlike(3 * args.chunk_seconds, seed=1)
+        live.run_ours(model, warm, max_window_seconds=args.max_window_seconds, **settings)
+        for name, window, samples in windows:
+            start = time.perf_counter()
+            steps = live.run_ours(model, samples, max_window_seconds=window, **settings)
+            print(f"live, {name} window: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+            label = f"{window:g} s" if window else "unbounded"
+            summary = live.summarize(steps, args.chunk_seconds)
+            runs.append({"system": "mlx_qwen3asr", "window": label, **summary})
+            runs[-1]["step_log"] = [s.__dict__ for s in steps]
+    if args.peers:
+        wav = work / "live.wav"
+        sf.write(wav, audio, SAMPLE_RATE, subtype="FLOAT")
+        print("live: running moona3k", file=sys.stderr)
+        peer = live.run_peer(
+            args.peer_python,
+            model_path,
+            wav,
+            work / "moona3k.json",
+            chunk_seconds=args.chunk_seconds,
+            max_window_seconds=args.max_window_seconds,
+            tokens_per_second=rate,
+            language=args.language or "",
+        )
+        name = f"moona3k mlx-qwen3-asr {peer.get('version', '')}".strip()
+        runs.append({"system": name, "window": f"{args.max_window_seconds:g} s", **peer})
+    return {
+        "mode": "live",
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "dtype": str(model.dtype).replace("mlx.core.", ""),
+        "model": str(model_path),
+        "chunk_seconds": args.chunk_seconds,
+        "language": args.language,
+        "budget": f"{rate:g} tokens per second of audio decoded, less the prefix's tokens (EOS and loop stop off)",
+        "runs": runs,
+    }
+
+
+def live_markdown(report: dict) -> str:
+    def pair(d: dict) -> str:
+        return "-" if not d.get("n") else f"{d['p50']:.2f} / {d['p95']:.2f}"
+
+    lines = [
+        f"model: {report['model']} ({report['dtype']}, mlx {report['mlx']}, {report['device']}); chunks of "
+        f"{report['chunk_seconds']:g} s, language {report['language'] or 'detected'}; {report['budget']}. "
+        "Played at real time on a virtual clock: chunk k arrives at (k+1) x chunk, its step starts when "
+        "it has arrived and the previous step is done, and lasts its measured wall time.",
+        "",
+        "| system | window | audio | steps | compute per audio s | behind at end s | partial latency p50 / p95 s "
+        "| commit latency p50 / p95 s | commits before the end | chunks committed at end | tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in report["runs"]:
+        if r.get("error"):
+            lines.append(f"| {r['system']} | {r['window']} | failed: {r['error']} | | | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['system']} | {r['window']} | {r['audio_s']:.0f} s | {r['steps']} | {r['compute_per_audio_s']:.3f} "
+            f"| {r['lag_at_end_s']:.2f} | {pair(r['partial_latency_s'])} | {pair(r['commit_latency_s'])} "
+            f"| {r['commits_before_end']} | {r['chunks_committed_at_end']} | {r['tokens']} |"
+        )
+    lines += [
+        "",
+        "| system | window | minute | steps | median step ms | median audio encoded per step s | most encoded s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in report["runs"]:
+        for minute, m in r.get("per_minute", {}).items():
+            lines.append(
+                f"| {r['system']} | {r['window']} | {minute} | {m['steps']} | {1000 * m['median_step_s']:.0f} "
+                f"| {m['median_encoded_s']:.1f} | {m['max_encoded_s']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="checkpoint directory or repo id (default: random 0.6b, built once)")
-    ap.add_argument("--mode", choices=(*MODES, "all", "align", "server", "vad"), default="all")
+    ap.add_argument("--mode", choices=(*MODES, "all", "align", "server", "vad", "live"), default="all")
+    ap.add_argument(
+        "--preset",
+        default="0.6b",
+        help="random-weight preset built and measured without --model (default 0.6b)",
+    )
+    ap.add_argument("--live-seconds", type=float, default=600.0, help="length of the --mode live stream")
+    ap.add_argument("--chunk-seconds", type=float, default=2.0, help="--mode live: audio per step")
+    ap.add_argument("--max-window-seconds", type=float, default=20.0, help="--mode live: the bounded window")
+    ap.add_argument(
+        "--unbounded-seconds",
+        type=float,
+        default=180.0,
+        help="--mode live: seconds streamed again with an unbounded window (0 skips)",
+    )
+    ap.add_argument("--language", default="English", help="--mode live: forced language ('' detects it)")
     ap.add_argument("--vad-minutes", type=float, default=60.0, help="length of the --mode vad file")
     ap.add_argument("--clients", default="1,4,16,64", help="concurrent clients for --mode server")
     ap.add_argument(
@@ -747,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
         return 0
-    model_path = checkpoint_path(args.model, "0.6b")
+    model_path = checkpoint_path(args.model, args.preset)
     modes = list(MODES) if args.mode == "all" else [args.mode]
     if args.realistic_stops:
         budget = Budget(spread=(0.5, 6.0))
@@ -759,6 +869,15 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     model = mlx_qwen3asr.load(str(model_path), dtype=args.dtype)
     load_s = time.perf_counter() - start
+    if args.mode == "live":
+        with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+            result = live_bench(args, model, model_path, Path(tmp))
+        result["load_s"] = load_s
+        result["markdown"] = live_markdown(result)
+        print(result["markdown"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        return 0
     if args.mode == "vad":
         with tempfile.TemporaryDirectory(prefix="bench-vad-") as tmp:
             result = vad_bench(args, model, budget, Path(tmp))
