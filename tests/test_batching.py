@@ -523,3 +523,56 @@ def test_a_shared_prompt_start_decodes_as_the_whole_prompt_on_either_path(
         assert calls["shared"] > 0
         if code_path == "cpu":
             assert calls["fused"] == 0
+
+
+def test_a_step_of_another_context_waits_for_the_batch_to_drain(model, monkeypatch):
+    """A step (submit_step) is one row with its own prompt after the start of its context: with another
+    context than the running batch's, it starts a batch of its own once that one has drained; its
+    result is the row's Generation, as greedy decoding gives it alone."""
+    from scripted import spy_batches
+
+    from mlx_qwen3asr.pipeline.scheduler import Step, StepResult
+    from mlx_qwen3asr.pipeline.streaming import window_suffix_ids
+    from mlx_qwen3asr.text.prompt import prompt_prefix_ids
+
+    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    tok = model.tokenizer
+    record = spy_batches()
+    starts = []  # each join's prompt start (shared, or recomputed in every row on the GPU path)
+
+    class Starts(record.batch):
+        def add(self, prompts, audio_features, max_new_tokens, keys):
+            starts.append(list(self.prefix.ids) if self.prefix is not None else list(self.inline))
+            return super().add(prompts, audio_features, max_new_tokens, keys)
+
+    parts = Parts(batch=Starts, budget=lambda seconds: 12)
+    scheduler = Scheduler(model, batch_size=4, parts=parts)
+    live = test_signal(1.2, seed=6)
+
+    def suffix(n_audio_tokens):
+        return window_suffix_ids(tok, n_audio_tokens, None, "so far")
+
+    try:
+        scheduler.submit("file", test_signal(2.0, seed=7), InputOptions())
+        results = []
+        while not scheduler.rows:  # the file's row decodes
+            results += scheduler.run_once()
+        scheduler.submit_step("step", Step(live, suffix, 5), context="another context")
+        while not scheduler.idle:
+            results += scheduler.run_once()
+    finally:
+        scheduler.close()
+    by_key = {r.index: r for r in results}
+    assert sorted(by_key) == ["file", "step"] and by_key["file"].error is None
+    assert isinstance(by_key["step"], StepResult) and by_key["step"].error is None
+    step_adds = [i for i, a in enumerate(record.adds) if a["prompts"][0][-3:] == suffix(0)[-3:]]
+    assert len(step_adds) == 1 and len(record.adds) == 2
+    assert record.adds[step_adds[0]]["running"] == 0
+    assert starts[step_adds[0]] == prompt_prefix_ids(tok, "another context")
+    assert starts[1 - step_adds[0]] == prompt_prefix_ids(tok, "")
+    features = encode_segments(model, [log_mel_spectrogram(live)])[0]
+    start = generate.prefill_prefix(model.net, prompt_prefix_ids(tok, "another context"))
+    alone = greedy_generate(
+        model.net, suffix(int(features.shape[0])), features, 5, eos_of(model), prefix=start
+    )
+    assert by_key["step"].generation.tokens == alone.tokens

@@ -97,3 +97,62 @@ def test_bad_submissions_fail_at_once(model):
             bad.result(timeout=60)
     finally:
         engine.close()
+
+
+def test_a_step_joins_the_batch_of_file_segments_and_decodes_as_alone(model, monkeypatch):
+    from scripted import spy_batches
+
+    from mlx_qwen3asr.audio.features import log_mel_spectrogram
+    from mlx_qwen3asr.pipeline.encoding import encode_segments
+    from mlx_qwen3asr.pipeline.streaming import window_suffix_ids
+    from mlx_qwen3asr.text.prompt import prompt_prefix_ids
+
+    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    record = spy_batches()
+    steps: list[list] = []  # the row keys of every decoding step
+    joins: list[tuple[list, list]] = []  # the keys and prompts of every join
+    live = test_signal(1.5, seed=5)
+    tok = model.tokenizer
+
+    def suffix(n_audio_tokens):
+        return window_suffix_ids(tok, n_audio_tokens, "English", "hello there")
+
+    holder: dict = {}
+
+    class Rows(record.batch):
+        def add(self, prompts, audio_features, max_new_tokens, keys):
+            joins.append((list(keys), [list(p) for p in prompts]))
+            return super().add(prompts, audio_features, max_new_tokens, keys)
+
+        def step(self):
+            steps.append(list(self.keys))
+            if "step" not in holder:  # the file's rows decode: a live step comes now
+                holder["step"] = engine.submit_step(live, suffix, 8)
+            return super().step()
+
+    parts = replace(record.parts(budget=lambda seconds: 40), batch=Rows)
+    engine = Engine(model, batch_size=4, vad=False, parts=parts)
+    try:
+        file_job = engine.submit(test_signal(3.0, seed=4), seconds=3.0)
+        result = file_job.result(timeout=120)
+        gen = holder["step"].result(timeout=120)
+    finally:
+        engine.close()
+    step_keys = [keys for keys, prompts in joins if any(generate.HEADER.language in p for p in prompts)]
+    file_keys = [keys for keys, prompts in joins if not any(generate.HEADER.language in p for p in prompts)]
+    assert len(step_keys) == 1 and len(step_keys[0]) == 1 and file_keys
+    step_key, file_key = step_keys[0][0], file_keys[0][0]
+    assert any(step_key in keys and file_key in keys for keys in steps)  # decoded side by side
+    assert any(a["running"] > 0 for a in record.adds)  # it joined the running batch
+    # Each row decoded as it would alone.
+    features = encode_segments(model, [log_mel_spectrogram(live)])[0]
+    start = generate.prefill_prefix(model.net, prompt_prefix_ids(tok, ""))
+    eos = {tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")}
+    alone = generate.greedy_generate(
+        model.net, suffix(int(features.shape[0])), features, 8, eos, prefix=start
+    )
+    assert gen.tokens == alone.tokens and gen.truncated == alone.truncated
+    solo = mlx_qwen3asr.transcribe(
+        model, test_signal(3.0, seed=4), vad=False, parts=replace(parts, batch=DecodeBatch)
+    )
+    assert texts(result) == texts(solo)

@@ -103,8 +103,10 @@ def observed(events: list[dict]):
 class App:
     """The app on a fresh engine whose file requests decode a short budget (random weights never stop)."""
 
-    def __init__(self, model, tmp_path, limits: LiveLimits = LIMITS, **kwargs):
+    def __init__(self, model, tmp_path, limits: LiveLimits = LIMITS, batch=None, **kwargs):
         parts = replace(Parts(), budget=lambda seconds: 6 + int(3 * seconds))
+        if batch is not None:  # a stand-in decoding batch (tests/scripted.py)
+            parts = replace(parts, batch=batch)
         self.engine = Engine(model, vad=False, parts=parts)
         self.app = create_app(
             self.engine,
@@ -127,8 +129,8 @@ class App:
 def make(model, tmp_path):
     apps = []
 
-    def build(limits: LiveLimits = LIMITS, **kwargs) -> App:
-        app = App(model, tmp_path, limits, **kwargs)
+    def build(limits: LiveLimits = LIMITS, batch=None, **kwargs) -> App:
+        app = App(model, tmp_path, limits, batch, **kwargs)
         apps.append(app)
         return app
 
@@ -176,11 +178,23 @@ def run_stream(ws, data: list[bytes]) -> tuple[list[dict], int]:
 # --- (a) the events are StreamingTranscriber's ---------------------------------------------------
 
 
+def decodes(model, data: list[bytes], limits: LiveLimits = LIMITS) -> int:
+    """The decodes StreamingTranscriber makes of the same audio: one per window step, one per commit
+    made before finish."""
+    stream = limits.transcriber(model, None, "")
+    commits = sum(len(u.committed) for piece in data for u in stream.feed(np.frombuffer(piece, dtype="<i2")))
+    stream.finish()
+    return stream.steps + commits
+
+
 def test_events_equal_the_streaming_transcriber(model, make):
+    from scripted import spy_batches
+
     data = frames(signal(5.2))
     want_steps, want_segments = expected(model, data)
     assert len(want_segments) >= 2  # segments committed during the stream, and the last at finish
-    app = make()
+    record = spy_batches()
+    app = make(batch=record.batch)
     with client(app) as c, c.websocket_connect(URL, headers=auth()) as ws:
         created = ws.receive_json()
         assert created["type"] == "transcription_session.created"
@@ -192,6 +206,8 @@ def test_events_equal_the_streaming_transcriber(model, make):
     assert events[-1]["text"] == want_steps[-1][0]
     ids = [e["item_id"] for e in events if e["type"].endswith(".completed")]
     assert ids == [f"item_{i}" for i in range(len(want_segments))]
+    # Every decode of the stream was a row of the engine's batch.
+    assert [len(a["prompts"]) for a in record.adds] == [1] * decodes(model, data)
     wait_for(lambda: app.active == 0, "the session slot was not freed")
 
 
@@ -425,6 +441,53 @@ def test_file_request_during_a_live_session(model, make):
     assert answer.json()["text"] == alone
     assert code == 1000
     assert observed([first, *events]) == expected(model, data)
+
+
+def test_a_failing_live_step_ends_its_session_only(model, make):
+    """The prefill of the live session's rows (no forced language) fails: that session ends with one
+    error; a file request (forced language) made meanwhile answers, and so does another session."""
+    from mlx_qwen3asr.model.generate import HEADER, DecodeBatch
+
+    class Faulty(DecodeBatch):
+        def add(self, prompts, audio_features, max_new_tokens, keys):
+            if any(HEADER.language not in p for p in prompts):
+                raise RuntimeError("prefill failed")
+            return super().add(prompts, audio_features, max_new_tokens, keys)
+
+    data = frames(signal(1.6, seed=11))
+    wav = wav_bytes(signal(2.0, seed=12))
+    app = make(batch=Faulty)
+    samples, _ = sf.read(io.BytesIO(wav), dtype="float32")
+    alone = app.engine.submit(samples, language="English").result(timeout=DEADLINE).text
+    answers = []
+    with client(app) as c:
+
+        def post():
+            answers.append(
+                c.post(
+                    "/v1/audio/transcriptions",
+                    headers=auth(),
+                    files={"file": ("a.wav", wav)},
+                    data={"model": "x", "language": "en"},
+                )
+            )
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        with c.websocket_connect(URL, headers=auth()) as ws:
+            ws.receive_json()
+            events, code = run_stream(ws, data)
+        poster.join(timeout=DEADLINE)
+        with c.websocket_connect(URL, headers=auth()) as ws:
+            ws.receive_json()
+            ws.send_json({"type": "transcription_session.update", "session": {"language": "English"}})
+            ws.receive_json()
+            others, other_code = run_stream(ws, data)
+    assert [e["type"] for e in events] == ["error"]
+    assert events[0]["error"]["code"] == "internal_error" and code == 1011
+    assert len(answers) == 1 and answers[0].status_code == 200
+    assert answers[0].json()["text"] == alone
+    assert other_code == 1000 and observed(others) == expected(model, data, language="English")
 
 
 # --- over a real server ----------------------------------------------------------------------------

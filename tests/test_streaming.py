@@ -421,3 +421,40 @@ def test_window_threshold_must_leave_stable_audio(model):
     with pytest.raises(ValueError, match="max_window_seconds"):
         StreamingTranscriber(model, max_window_seconds=4.5)
     StreamingTranscriber(model, max_window_seconds=float("inf"))
+
+
+def test_the_decode_seam_gets_each_window_and_the_ids_after_the_prompt_start(model):
+    """A decode given to the transcriber receives every decode's audio, the builder of the ids after
+    the prompt start and the budget; serving them as the default does gives the same stream."""
+    from mlx_qwen3asr.audio.features import log_mel_spectrogram
+    from mlx_qwen3asr.model.generate import greedy_generate, prefill_prefix
+    from mlx_qwen3asr.pipeline.encoding import encode_segments
+    from mlx_qwen3asr.text.prompt import prompt_prefix_ids
+
+    audio = test_signal(7.0, seed=21)
+    tok = model.tokenizer
+    start_ids = prompt_prefix_ids(tok, "notes")
+    start = prefill_prefix(model.net, start_ids)
+    eos = {tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")}
+    calls = []
+
+    def decode(samples, suffix, budget):
+        features = encode_segments(model, [log_mel_spectrogram(samples)])[0]
+        rest = suffix(int(features.shape[0]))
+        calls.append((samples.shape[0], start_ids + rest, budget))
+        return greedy_generate(model.net, rest, features, budget, eos, prefix=start)
+
+    runs, prompts = [], []
+    for seam in (None, decode):
+        stream = StreamingTranscriber(
+            model, context="notes", max_new_tokens=BUDGET, max_window_seconds=5.0, decode=seam
+        )
+        updates = stream.feed(audio[: 3 * SR])
+        prompts.append(stream.last_prompt_ids)
+        updates += stream.feed(audio[3 * SR :]) + [stream.finish()]
+        runs.append([(u.language, u.text, u.stable, u.encoded_samples, len(u.committed)) for u in updates])
+    assert runs[0] == runs[1] and any(r[-1] for r in runs[0][:-1])  # a commit during the stream
+    assert prompts[0] == prompts[1] == calls[0][1] and len(calls) == stream.steps + len(stream.segments) - 1
+    assert all(budget == BUDGET for _, _, budget in calls)
+    # The window grows a chunk a step (the whole window is encoded again).
+    assert [n for n, _, _ in calls][:2] == [2 * SR, 4 * SR]

@@ -5,6 +5,10 @@ and returns a Job at once; the input's segments join the running batch as places
 those of every other job, so concurrent requests cost little more than one. A Job gives its
 segments as they are decoded (for streaming), its result when done, and can be cancelled (a client
 that went away), which frees its rows and waiting segments.
+
+`submit_step` queues one decode of given audio with its own prompt after the shared start (a live
+stream's step): its row joins the running batch of its context like a segment, and its Job's result
+is the row's Generation.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
 from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions
 from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
-from mlx_qwen3asr.pipeline.scheduler import InputResult, Scheduler
+from mlx_qwen3asr.pipeline.scheduler import InputResult, Scheduler, Step, StepResult
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
@@ -32,30 +39,34 @@ class JobCancelled(Exception):
 
 
 class Job:
-    """A submitted input: its segments as they come, and its transcription when it is done."""
+    """A submitted input: its segments as they come, and its transcription when it is done (a step's
+    Generation, for submit_step)."""
 
     def __init__(self, engine: Engine, key: int, seconds: float):
         self.engine, self.key, self.seconds = engine, key, seconds
         self._done = threading.Event()
         self._segments: queue.Queue[Segment | None] = queue.Queue()
-        self._result: InputResult | None = None
+        self._result: InputResult | StepResult | None = None
         self._error: BaseException | None = None
 
     @property
     def done(self) -> bool:
         return self._done.is_set()
 
-    def result(self, timeout: float | None = None) -> Transcription:
-        """The transcription; raises the input's error, JobCancelled, or TimeoutError."""
+    def result(self, timeout: float | None = None) -> Transcription | Generation:
+        """The transcription (a step's Generation); raises the input's error, JobCancelled, or
+        TimeoutError."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.key} not done after {timeout} s")
         if self._error is not None:
             raise self._error
+        if isinstance(self._result, StepResult):
+            return self._result.generation
         return self._result.transcription
 
     @property
     def input_result(self) -> InputResult | None:
-        return self._result
+        return self._result if isinstance(self._result, InputResult) else None
 
     def segments(self, timeout: float | None = None) -> Iterator[Segment]:
         """The segments in time order as they are decoded; ends when the job does."""
@@ -72,7 +83,9 @@ class Job:
         """Stop working on this job (its rows leave the batch); result() then raises JobCancelled."""
         self.engine._cancel(self)
 
-    def _finish(self, result: InputResult | None = None, error: BaseException | None = None) -> None:
+    def _finish(
+        self, result: InputResult | StepResult | None = None, error: BaseException | None = None
+    ) -> None:
         if self._done.is_set():
             return
         self._result = result
@@ -143,9 +156,33 @@ class Engine:
             self._lock.notify()
         return job
 
+    def submit_step(
+        self,
+        samples: np.ndarray,
+        suffix: Callable[[int], list[int]],
+        budget: int,
+        *,
+        context: str = "",
+    ) -> Job:
+        """Queue one decode of `samples` (16 kHz mono, encoded whole): the prompt start of `context`, then
+        suffix(n_audio_tokens), decoding at most `budget` tokens; no speech detection, no cutting. Its row
+        joins the running batch when the batch's context is the same (else it waits for its turn like
+        any other context). The Job's result is the row's Generation. Raises ValueError for an
+        over-long context, RuntimeError when the engine is closed."""
+        prompt_prefix_ids(self.model.tokenizer, context)
+        step = Step(np.asarray(samples, dtype=np.float32).reshape(-1), suffix, int(budget))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            job = Job(self, next(self._keys), 0.0)
+            self._jobs[job.key] = job
+            self._inbox.append(("step", (job.key, step, context)))
+            self._lock.notify()
+        return job
+
     def call(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run fn(*args) on the engine's thread, between two steps of its batch, and return a Future of
-        its result: model work done outside the scheduler (a live stream's steps) that never uses the
+        its result: model work done outside the scheduler that never uses the
         model at the same time as the batch. Raises RuntimeError when the engine is closed; a call still
         waiting when it closes raises JobCancelled."""
         future: Future = Future()
@@ -222,10 +259,13 @@ class Engine:
                     if kind == "submit":
                         key, audio, options = item
                         scheduler.submit(key, audio, options)
+                    elif kind == "step":
+                        key, step, context = item
+                        scheduler.submit_step(key, step, context)
                     else:
                         scheduler.cancel(item)
                 except Exception as e:  # that job fails; the engine goes on
-                    if kind == "submit":
+                    if kind in ("submit", "step"):
                         self._finish(item[0], error=e)
             if scheduler.idle:
                 continue
@@ -262,7 +302,7 @@ class Engine:
             future.set_result(result)
 
     def _finish(
-        self, key: int, result: InputResult | None = None, error: BaseException | None = None
+        self, key: int, result: InputResult | StepResult | None = None, error: BaseException | None = None
     ) -> None:
         with self._lock:
             job = self._jobs.pop(key, None)

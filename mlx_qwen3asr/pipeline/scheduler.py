@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlx_qwen3asr.audio.cutting import Span
-from mlx_qwen3asr.audio.features import SAMPLE_RATE
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
+from mlx_qwen3asr.audio.signal import ArraySignal
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
 from mlx_qwen3asr.model.generate import DecodeBatch, Generation
@@ -54,6 +55,27 @@ EXPECTED_TOKENS_PER_SECOND = 4.0
 PARTIAL_SHARE = 0.9
 
 
+@dataclass(frozen=True)
+class Step:
+    """One decode of given audio as a single row, with its own prompt after the shared start: a live
+    stream's step. suffix(n_audio_tokens) gives the prompt ids after the prompt start (system prompt and
+    context) for that many audio tokens; budget is the most tokens it may decode. No speech detection,
+    no cutting, no progress, no segment: its result is the row's Generation."""
+
+    samples: np.ndarray  # 16 kHz mono float32, encoded whole (no padding)
+    suffix: Callable[[int], list[int]]
+    budget: int
+
+
+@dataclass
+class StepResult:
+    """The outcome of a Step: the Generation of its row, or the error that stopped it."""
+
+    index: Hashable
+    generation: Generation | None = None
+    error: Exception | None = None
+
+
 @dataclass
 class _Pending:
     key: Hashable
@@ -66,6 +88,8 @@ class _Pending:
     scale: float = 0.0  # input seconds per second of its segments (a segment's share of the progress)
     finished: float = 0.0  # input seconds of its finished segments
     progressed: float = 0.0  # input seconds passed to on_progress
+    step: Step | None = None  # a single decode (submit_step) rather than a transcribed input
+    generation: Generation | None = None  # a step's row, once decoded
 
     @property
     def complete(self) -> bool:
@@ -87,8 +111,14 @@ class _Task:
         return self.pending.prepared.spans[self.position]
 
     @property
+    def step(self) -> Step | None:
+        return self.pending.step
+
+    @property
     def frames(self) -> int:
         """Mel frames of the segment (known without computing them)."""
+        if self.step is not None:
+            return mel_frame_count(self.step.samples.shape[0])
         return segment_frames(self.span)
 
     @property
@@ -176,6 +206,19 @@ class Scheduler:
             raise ValueError("word timing needs a scheduler built with an aligner")
         self.inputs.add(key, audio, options)
 
+    def submit_step(self, key: Hashable, step: Step, context: str = "") -> None:
+        """Queue one decode (a live stream's step): its row joins a batch of its context like any segment
+        and its StepResult comes out of run_once under this key."""
+        self.starts.ids(context)  # an over-long context is refused before any work
+        samples = np.asarray(step.samples, dtype=np.float32).reshape(-1)
+        step = Step(samples, step.suffix, int(step.budget))
+        span = Span(0, samples.shape[0])
+        prepared = PreparedInput(0, None, ArraySignal(samples), [span])
+        entry = _Pending(key, prepared, InputOptions(context=context), [None], step=step)
+        self.pending[key] = entry
+        self.pool.append(_Task(entry, 0, self.admitted))
+        self.admitted += 1
+
     def cancel(self, key: Hashable) -> None:
         """Forget an input: its waiting segments leave the pool and its rows the batch; no result."""
         self.inputs.cancel(key)
@@ -229,11 +272,13 @@ class Scheduler:
 
     # -- one iteration ---------------------------------------------------------------------------
 
-    def run_once(self) -> list[InputResult]:
+    def run_once(self) -> list[InputResult | StepResult]:
         """Prepare and admit inputs, refill the batch, decode one step, align what is due; returns the
         inputs that finished (or failed)."""
-        # With no row running there is nothing to overlap: wait until the pool can fill a batch.
-        results = self._admit(block=not self.rows and not self.to_align)
+        # With no row running there is nothing to overlap: wait until the pool can fill a batch (unless
+        # a step waits: it goes at once).
+        stepping = any(t.step is not None for t in self.pool)
+        results = self._admit(block=not self.rows and not self.to_align and not stepping)
         self._refill()
         if self.rows:
             self._step()
@@ -291,19 +336,20 @@ class Scheduler:
         """How many of these tasks, taken in order, can join the running rows (if any) with the KV cache
         of them all in `memory` bytes; at least one when nothing runs (memory.rows_that_fit)."""
         audio = self.model.config.audio_config
-        rows = (
-            (
-                self._suffix_overhead(t.pending.options.language) + audio.audio_tokens(t.frames),
-                self.parts.budget(t.span.duration),
-            )
-            for t in tasks
-        )
+        rows = (self._row_size(t, audio.audio_tokens(t.frames)) for t in tasks)
         running = (0, 0, 0)
         if self.rows:
             left = max(r.budget - len(r.tokens) for r in self.batch.rows)
             running = (len(self.batch), self.batch.cache[0].offset, left)
         shared = len(self.starts.ids(context))
         return rows_that_fit(rows, memory, kv_bytes_per_position(self.model), shared, running)
+
+    def _row_size(self, task: _Task, audio_tokens: int) -> tuple[int, int]:
+        """A task's prompt positions after the shared start, and its token budget."""
+        if task.step is not None:
+            return len(task.step.suffix(audio_tokens)), task.step.budget
+        overhead = self._suffix_overhead(task.pending.options.language)
+        return overhead + audio_tokens, self.parts.budget(task.span.duration)
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (one scheduler per run; a few languages)
     def _suffix_overhead(self, language: str | None) -> int:
@@ -329,11 +375,22 @@ class Scheduler:
             return
         chosen_ids = {id(t) for t in chosen}
         self.pool = [t for t in self.pool if id(t) not in chosen_ids]
+        # Steps are encoded and prefilled apart from the segments of inputs: a fault in either group
+        # leaves the other.
+        for group in ([t for t in chosen if t.step is not None], [t for t in chosen if t.step is None]):
+            if group:
+                self._join(group)
+
+    def _join(self, chosen: list[_Task]) -> None:
+        """Encode these tasks together, prefill them and let them join the batch (starting it if none runs)."""
         # A segment whose samples cannot be read or turned into a mel spectrogram fails its input.
         for t in chosen:
             if self._alive(t):
                 try:
-                    t.mel = self.parts.mel(t.pending.prepared.wav, t.span)
+                    if t.step is not None:
+                        t.mel = log_mel_spectrogram(t.step.samples)
+                    else:
+                        t.mel = self.parts.mel(t.pending.prepared.wav, t.span)
                 except Exception as e:
                     self._fail([t.pending], e)
         chosen = [t for t in chosen if self._alive(t)]
@@ -344,10 +401,14 @@ class Scheduler:
             features = self.parts.encode(self.model, [t.mel for t in chosen])
             tok = self.model.tokenizer
             prompts = [
-                prompt_suffix_ids(tok, int(f.shape[0]), t.pending.options.language)
+                t.step.suffix(int(f.shape[0]))
+                if t.step is not None
+                else prompt_suffix_ids(tok, int(f.shape[0]), t.pending.options.language)
                 for f, t in zip(features, chosen)
             ]
-            budgets = [self.parts.budget(t.span.duration) for t in chosen]
+            budgets = [
+                t.step.budget if t.step is not None else self.parts.budget(t.span.duration) for t in chosen
+            ]
             for t, budget in zip(chosen, budgets):
                 t.expected = _expected_tokens(t.span.duration, budget)
         except Exception as e:  # the segments encoded together fail; rows already running go on
@@ -370,7 +431,8 @@ class Scheduler:
 
     def _choose(self, candidates: list[_Task]) -> list[_Task]:
         """The waiting segments (of the batch's context) that join the batch now, longest first."""
-        candidates = sorted(candidates, key=lambda t: t.frames, reverse=True)
+        # Steps (live streams) first: they wait for no quarter of the places to free up.
+        candidates = sorted(candidates, key=lambda t: (t.step is None, -t.frames))
         if not candidates:
             return []
         running = self.rows
@@ -381,7 +443,9 @@ class Scheduler:
             free = min(fits, self.size - running)
         # Join when a quarter of the places are free (or every waiting segment fits): a prefill and a
         # cache join cost about as much for one new row as for several.
-        if free <= 0 or (free < max(1, (running + free) // 4) and len(candidates) > free):
+        if free <= 0:
+            return []
+        if free < max(1, (running + free) // 4) and len(candidates) > free and candidates[0].step is None:
             return []
         return candidates[:free]
 
@@ -405,6 +469,9 @@ class Scheduler:
 
     def _finished(self, task: _Task, gen: Generation) -> None:
         """A row is done: its segment's text; with word timing asked for, it waits for the aligner."""
+        if task.step is not None:
+            task.mel, task.pending.generation = None, gen
+            return
         options = task.pending.options
         seg = decoded_segment(self.model.tokenizer, gen, task.span, options.language)
         if options.align and not (seg.truncated or seg.repetitive):
@@ -478,8 +545,8 @@ class Scheduler:
             partial[id(entry)] = partial.get(id(entry), 0.0) + task.partial
             touched[id(entry)] = entry
         for entry in touched.values():
-            if self.pending.get(entry.key) is not entry:
-                continue  # failed or cancelled
+            if self.pending.get(entry.key) is not entry or entry.step is not None:
+                continue  # failed or cancelled, or a step (no progress)
             if entry.complete:
                 done = entry.seconds
             else:
@@ -494,12 +561,17 @@ class Scheduler:
 
     # -- results ---------------------------------------------------------------------------------
 
-    def _complete(self) -> list[InputResult]:
+    def _complete(self) -> list[InputResult | StepResult]:
         """Report new segments in time order, and hand out the inputs whose segments are all done."""
         results = []
         for key, entry in list(self.pending.items()):
             if self.pending.get(key) is not entry:
                 continue  # failed meanwhile
+            if entry.step is not None:
+                if entry.generation is not None:
+                    del self.pending[key]
+                    results.append(StepResult(key, entry.generation))
+                continue
             try:
                 while entry.reported < len(entry.segments) and entry.segments[entry.reported] is not None:
                     entry.reported += 1
@@ -579,4 +651,4 @@ def transcribe_stream(
         scheduler.close()
 
 
-__all__ = ["InputResult", "Scheduler", "transcribe_stream"]
+__all__ = ["InputResult", "Scheduler", "Step", "StepResult", "transcribe_stream"]

@@ -32,15 +32,23 @@ the window text shown as stable before the commit); the window then restarts at 
 would: empty prefix for its first ``unfixed_chunks`` chunks, the user's context unchanged. The
 committed text is not added to the context: the prompt (and every step's cost) stays bounded, and a
 window that starts at a pause is the same task as a stream that starts there, which is the input the
-official algorithm is made for. Every step then encodes at most ``max_window_seconds + chunk_seconds``
-of audio, the same at minute 1 and hour 3. With ``max_window_seconds=None`` nothing is committed
+official algorithm is made for. Every step then encodes at most ``max(max_window_seconds, COMMIT_SEARCH_SECONDS +
+unfixed_chunks x chunk_seconds) + chunk_seconds`` of audio (22 s with the defaults), the same at
+minute 1 and hour 3: a shorter window leaves no room for a cut before its stable part ends. With ``max_window_seconds=None`` nothing is committed
 before ``finish`` and each step is the official one exactly.
+
+Each decode goes through a ``decode`` seam, ``decode(samples, suffix, budget) -> Generation``: the
+audio to encode whole, ``suffix(n_audio_tokens)`` the prompt ids after the shared prompt start
+(:func:`window_suffix_ids`), and the token budget. By default it encodes and decodes right here, on
+the caller's thread; the server gives one that submits the step to its Engine
+(``Engine.submit_step``), whose row then decodes in the batch of the file requests.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,7 +69,11 @@ __all__ = [
     "StreamingTranscriber",
     "rollback_prefix",
     "tail_rollback_prefix",
+    "window_suffix_ids",
 ]
+
+# decode(samples, suffix, budget) -> Generation: one decode of a window (see the module docstring).
+Decode = Callable[[np.ndarray, Callable[[int], list[int]], int], Generation]
 
 # Audio since the last commit before one is looked for (None: never, the official behaviour).
 DEFAULT_MAX_WINDOW_SECONDS = 20.0
@@ -96,6 +108,19 @@ def tail_rollback_prefix(tokenizer, raw: str, unfixed_tokens: int) -> str:
     ids = tokenizer.encode(raw)
     end = max(1, len(ids) - int(unfixed_tokens))
     return tokenizer.decode(ids[:end], skip_special_tokens=False)
+
+
+def window_suffix_ids(tokenizer, n_audio_tokens: int, language: str | None, prefix: str) -> list[int]:
+    """The prompt ids after the shared prompt start (system prompt and context) of a window decode with
+    `n_audio_tokens` audio placeholders, a forced `language` (canonical name, or None) and a text
+    `prefix`: what the official tokenizer makes of that part of the rendered prompt + prefix."""
+    suffix = prompt_suffix_ids(tokenizer, n_audio_tokens, language)
+    if not prefix:
+        return suffix
+    im_start = tokenizer.token_to_id("<|im_start|>")
+    at = len(suffix) - 1 - suffix[::-1].index(im_start)
+    assistant = "assistant\n" + (f"language {language}<asr_text>" if language else "")
+    return suffix[: at + 1] + tokenizer.encode(assistant + prefix)
 
 
 def _as_samples(samples) -> np.ndarray:
@@ -155,7 +180,8 @@ class StreamingTranscriber:
     and 5). max_new_tokens: tokens each decode may add; None gives ``token_budget`` of the audio decoded
     (the official vLLM wrapper uses a fixed 4096). max_window_seconds: see the module docstring; None
     or inf keeps the whole stream in one window (the official behaviour). tokenizer: the tokenizer of
-    the rollback and the prompt (default the model's own).
+    the rollback and the prompt (default the model's own). decode: how each window is decoded (see
+    the module docstring; default: here, directly).
 
     Decoding stops at EOS, at the budget, or, unlike vLLM, when the output runs into a loop of at least
     20 repetitions (``model.generate``).
@@ -175,6 +201,7 @@ class StreamingTranscriber:
         commit_search_seconds: float = COMMIT_SEARCH_SECONDS,
         min_commit_seconds: float = MIN_COMMIT_SECONDS,
         tokenizer=None,
+        decode: Decode | None = None,
     ) -> None:
         if chunk_seconds is None or not float(chunk_seconds) > 0:
             raise ValueError(f"chunk_seconds must be > 0, got: {chunk_seconds}")
@@ -207,9 +234,9 @@ class StreamingTranscriber:
         self._eos = frozenset(
             {self.tokenizer.token_to_id("<|endoftext|>"), self.tokenizer.token_to_id("<|im_end|>")}
         )
-        self._im_start = self.tokenizer.token_to_id("<|im_start|>")
         self._start_ids = prompt_prefix_ids(self.tokenizer, self.context)  # checks the context now
         self._start: Prefix | None = None
+        self._decode_step: Decode = decode if decode is not None else self._decode_here
 
         self.buffer = np.zeros((0,), dtype=np.float32)
         self.window = _Window()
@@ -360,26 +387,32 @@ class StreamingTranscriber:
 
     def _rest_ids(self, n_audio_tokens: int, prefix: str) -> list[int]:
         """The prompt after its shared start (system prompt and context)."""
-        suffix = prompt_suffix_ids(self.tokenizer, n_audio_tokens, self.language)
-        if not prefix:
-            return suffix
-        at = len(suffix) - 1 - suffix[::-1].index(self._im_start)
-        assistant = "assistant\n" + (f"language {self.language}<asr_text>" if self.language else "")
-        return suffix[: at + 1] + self.tokenizer.encode(assistant + prefix)
+        return window_suffix_ids(self.tokenizer, n_audio_tokens, self.language, prefix)
 
     def _decode(self, audio: np.ndarray, prefix: str) -> tuple[Generation, list[int]]:
-        """Encode `audio`, build the prompt with `prefix`, decode greedily: (generation, prompt ids)."""
-        mel = log_mel_spectrogram(audio)
-        features = encode_segments(self.model, [mel])[0]
-        self.encoded_samples += int(audio.shape[0])
-        rest = self._rest_ids(int(features.shape[0]), prefix)
-        if self._start is None:
-            self._start = prefill_prefix(self.model.net, self._start_ids)
+        """Encode `audio`, build the prompt with `prefix`, decode greedily (through the decode seam):
+        (generation, prompt ids)."""
+        built: list[list[int]] = []
+
+        def suffix(n_audio_tokens: int) -> list[int]:
+            built.append(self._rest_ids(n_audio_tokens, prefix))
+            return built[-1]
+
         budget = self.max_new_tokens
         if budget is None:
             budget = token_budget(audio.shape[0] / SAMPLE_RATE)
-        gen = greedy_generate(self.model.net, rest, features, budget, self._eos, prefix=self._start)
-        return gen, self._start_ids + rest
+        gen = self._decode_step(audio, suffix, budget)
+        self.encoded_samples += int(audio.shape[0])
+        return gen, self._start_ids + (built[-1] if built else [])
+
+    def _decode_here(self, audio: np.ndarray, suffix: Callable[[int], list[int]], budget: int) -> Generation:
+        """The default decode: encode the window and decode its prompt greedily, on this thread."""
+        mel = log_mel_spectrogram(audio)
+        features = encode_segments(self.model, [mel])[0]
+        rest = suffix(int(features.shape[0]))
+        if self._start is None:
+            self._start = prefill_prefix(self.model.net, self._start_ids)
+        return greedy_generate(self.model.net, rest, features, budget, self._eos, prefix=self._start)
 
     # --- updates ----------------------------------------------------------------------------------
 

@@ -12,9 +12,11 @@ OpenAI's realtime transcription where they fit (docs/server.md lists them): a
 current text, its stable and unstable parts; a ``...completed`` for every committed segment; an
 ``error`` event, then a close, for anything refused.
 
-Each session runs a StreamingTranscriber (pipeline.streaming). Its steps run on the Engine's thread
-(Engine.call), between two steps of the file requests' batch, so the model is never used from two
-threads at once and the event loop never waits on the model. Who may connect is checked as for the
+Each session runs a StreamingTranscriber (pipeline.streaming) on a worker thread. Each decode of its
+window is a step of the Engine (Engine.submit_step): its row is encoded, prefilled and decoded by the
+Engine's scheduler in the running batch of the file requests (when their prompt start, the context, is
+the same; otherwise it waits for its turn like any other context). The model is only ever used from
+the Engine's thread, and the event loop never waits on the model. Who may connect is checked as for the
 HTTP API (Host, Origin, API key); sessions, the audio waiting in a session, its length and its
 silences are bounded (LiveLimits).
 """
@@ -30,7 +32,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +40,14 @@ from starlette.datastructures import Headers
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
-from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
-from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
+from mlx_qwen3asr.model.generate import Generation
+from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
+from mlx_qwen3asr.pipeline.streaming import (
+    DEFAULT_MAX_WINDOW_SECONDS,
+    Decode,
+    StreamingTranscriber,
+    StreamUpdate,
+)
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, authorized
 from mlx_qwen3asr.serve.errors import APIError
@@ -99,7 +106,9 @@ class LiveLimits:
     max_window_seconds: float | None = DEFAULT_MAX_WINDOW_SECONDS
     max_new_tokens: int | None = None
 
-    def transcriber(self, model: Any, language: str | None, context: str) -> StreamingTranscriber:
+    def transcriber(
+        self, model: Any, language: str | None, context: str, decode: Decode | None = None
+    ) -> StreamingTranscriber:
         return StreamingTranscriber(
             model,
             language=language,
@@ -109,6 +118,7 @@ class LiveLimits:
             unfixed_tokens=self.unfixed_tokens,
             max_window_seconds=self.max_window_seconds,
             max_new_tokens=self.max_new_tokens,
+            decode=decode,
         )
 
 
@@ -121,6 +131,10 @@ class LiveError(Exception):
 
     def event(self) -> dict[str, Any]:
         return {"type": "error", "error": {"message": self.message, "type": self.kind, "code": self.code}}
+
+
+def _shutting_down() -> LiveError:
+    return LiveError("shutting_down", "the server is shutting down", CLOSE_SERVICE_RESTART, "server_error")
 
 
 def delta_event(item: int, update: StreamUpdate, previous: str) -> dict[str, Any]:
@@ -190,6 +204,9 @@ class _Session:
         self.wake = asyncio.Event()
         self.state = {"text": "", "items": 0}
         self.deadline = time.monotonic() + self.limits.max_seconds
+        self.stream: StreamingTranscriber | None = None
+        self.job: Job | None = None  # the engine step the stream waits for
+        self.closed = False  # the session ended: no more steps
 
     # -- the client's frames --
 
@@ -311,9 +328,45 @@ class _Session:
 
     # -- the model's side --
 
+    def _decode(self, samples: np.ndarray, suffix, budget: int) -> Generation:
+        """The stream's decode (on its worker thread): a step of the engine, awaited until the session's
+        deadline."""
+        if self.closed:
+            raise JobCancelled("the session ended")
+        try:
+            job = self.sessions.engine.submit_step(samples, suffix, budget, context=self.context)
+        except RuntimeError:  # the engine is closed
+            raise _shutting_down() from None
+        self.job = job
+        if self.closed:
+            job.cancel()
+        try:
+            return job.result(timeout=max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            job.cancel()
+            raise self._too_long() from None
+        except JobCancelled:
+            raise _shutting_down() from None
+        finally:
+            self.job = None
+
+    def _feed(self, samples: np.ndarray | None) -> list[StreamUpdate]:
+        """Feed the stream (None: finish it), on a worker thread; the stream is made at its first use."""
+        if self.stream is None:
+            engine = self.sessions.engine
+            self.stream = self.limits.transcriber(engine.model, self.language, self.context, self._decode)
+        if samples is None:
+            return [self.stream.finish()]
+        return self.stream.feed(samples)
+
+    def _close(self) -> None:
+        """No more steps: the one under way leaves the engine."""
+        self.closed = True
+        job = self.job
+        if job is not None:
+            job.cancel()
+
     async def worker(self) -> None:
-        sessions = self.sessions
-        stream: StreamingTranscriber | None = None
         while True:
             if not self.pending and not self.finishing:
                 await self.wake.wait()
@@ -322,20 +375,12 @@ class _Session:
             if self.pending:
                 samples = np.concatenate(self.pending)
                 self.pending, self.pending_samples = [], 0
-                if stream is None:
-                    stream = await sessions.run(
-                        self.limits.transcriber, sessions.engine.model, self.language, self.context
-                    )
-                updates = await sessions.run(stream.feed, samples)
+                updates = await asyncio.to_thread(self._feed, samples)
                 for event in update_events(updates, self.state):
                     await self.ws.send_json(event)
                 continue
             if self.finishing:
-                if stream is None:
-                    stream = await sessions.run(
-                        self.limits.transcriber, sessions.engine.model, self.language, self.context
-                    )
-                final = await sessions.run(stream.finish)
+                [final] = await asyncio.to_thread(self._feed, None)
                 for event in update_events([final], self.state):
                     await self.ws.send_json(event)
                 await self.ws.send_json(
@@ -361,6 +406,7 @@ class _Session:
             reader.result()  # raises what ended the reading, if anything
             await worker  # finishing: the reader stopped after session.finish
         finally:
+            self._close()
             for task in (reader, worker):
                 if not task.done():
                     task.cancel()
@@ -370,7 +416,7 @@ class _Session:
 
 
 class LiveSessions:
-    """The live endpoint: who may connect, how many at once, and the model's steps on the engine."""
+    """The live endpoint: who may connect, how many at once; the streams' decodes are steps of the engine."""
 
     def __init__(
         self,
@@ -385,20 +431,6 @@ class LiveSessions:
         self.limits = limits or LiveLimits()
         self.active = 0
         self._numbers = itertools.count(1)
-
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args) on the engine's thread, awaited without blocking the event loop."""
-        closing = LiveError(
-            "shutting_down", "the server is shutting down", CLOSE_SERVICE_RESTART, "server_error"
-        )
-        try:
-            future = self.engine.call(fn, *args)
-        except RuntimeError:  # the engine is closed
-            raise closing from None
-        try:
-            return await asyncio.wrap_future(future)
-        except JobCancelled:
-            raise closing from None
 
     # -- who connects --
 
