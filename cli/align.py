@@ -48,7 +48,7 @@ from mlx_qwen3asr.outputs.folder import (
 )
 from mlx_qwen3asr.outputs.render import FORMATS
 from mlx_qwen3asr.pipeline.alignment import aligner_languages
-from mlx_qwen3asr.pipeline.retime import PIECE_SECONDS, retime_transcript
+from mlx_qwen3asr.pipeline.retime import PIECE_SECONDS, TranscriptTooLong, retime_transcript
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.text.languages import guess_text_language, resolve_language
 from mlx_qwen3asr.text.words import is_cjk
@@ -77,7 +77,8 @@ output is kept unless --overwrite is given; an output may not replace the --text
 
 exit status:
   {EXIT_OK}    the outputs were written, or kept because they exist
-  {EXIT_FAILED}    the audio could not be decoded, or an output could not be written
+  {EXIT_FAILED}    the audio could not be decoded, the transcript is far longer than the audio can
+       hold (nothing aligned), or an output could not be written
   {EXIT_USAGE}    usage error (bad option, missing audio or text file, unreadable or empty text, a
        language the aligner does not know, an output that would replace the text), or the aligner
        could not be loaded or is a speech recognition model; nothing is written
@@ -343,7 +344,10 @@ def _align(args: argparse.Namespace, say: _Say) -> int:
                 f"--language: {language} is not among the aligner's languages ({', '.join(known)})"
             )
         say.info(f"timing {sum(len(b.split()) for b in blocks)} words in {len(blocks)} {kind}(s)")
-        result = retime_transcript(aligner, signal, blocks, language)
+        try:
+            result = retime_transcript(aligner, signal, blocks, language)
+        except TranscriptTooLong as e:
+            raise AlignError(f"{args.audio}: {e}", EXIT_FAILED) from None
         result.warnings[:0] = decoded.warnings
         if decoded.truncated:
             result.header_duration = decoded.header_seconds

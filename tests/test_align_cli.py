@@ -279,12 +279,25 @@ def test_existing_outputs_are_kept_without_overwrite(tmp_path, capsys):
 
 def test_a_transcript_the_audio_cannot_hold_is_warned_about(tmp_path, capsys):
     audio = write_wav(tmp_path / "short.wav", 2.0, seed=2)
-    (tmp_path / "long.txt").write_text(" ".join([LONG_TEXT] * 10), encoding="utf-8")
+    (tmp_path / "long.txt").write_text(LONG_TEXT, encoding="utf-8")  # 44 words in 2 s
     status, err = run(capsys, audio, "--text", tmp_path / "long.txt", "--json")
     assert status == 0, err
     warnings = [line for line in err.splitlines() if "warning:" in line]
     assert len(warnings) == 1 and "more than speech holds" in warnings[0], err
     assert "more than speech holds" in json.loads((tmp_path / "short.json").read_text())["warnings"][0]
+
+
+def test_a_transcript_far_beyond_the_audio_is_not_aligned(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(retime, "align_pieces", lambda *a, **k: pytest.fail("the aligner ran"))
+    audio = write_wav(tmp_path / "short.wav", 2.0, seed=2)
+    (tmp_path / "long.txt").write_text(" ".join([LONG_TEXT] * 10), encoding="utf-8")  # 440 words
+    status, err = run(capsys, audio, "--text", tmp_path / "long.txt", "--json")
+    assert status == 1
+    assert errors_of(err) == [
+        f"mlxasr align: error: {audio}: the transcript has 440 words for 2.0 s of audio, far more than "
+        "speech holds; it is not this audio's transcript (nothing aligned)"
+    ]
+    assert not (tmp_path / "short.json").exists()
 
 
 def errors_of(err: str) -> list[str]:

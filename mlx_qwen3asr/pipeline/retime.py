@@ -69,6 +69,9 @@ MAX_ROUNDS = 3
 # Weight a second of speech holds at most (characters and pauses; plain speech has about 15): a
 # transcript heavier than this for its audio cannot all be in it.
 MAX_WEIGHT_PER_SECOND = 40.0
+# Past this many times that weight the transcript is not aligned at all: it cannot be this audio's, and
+# aligning it would cost a forward pass as long as the text (a 16 MB file against a short clip).
+REFUSE_FACTOR = 4.0
 # Words piled at the end of the audio from which the transcript counts as not covered.
 PILE_WORDS = 3
 
@@ -200,6 +203,10 @@ def share(
     return Shared(bounds, times, rounds, piled)
 
 
+class TranscriptTooLong(ValueError):
+    """A transcript far longer than its audio can hold: it is not aligned."""
+
+
 def coverage_warning(words: int, weight: float, seconds: float, piled_at_end: int) -> str | None:
     """One line when the audio cannot hold the transcript: far more words than speech of its length
     has, or words piled at the end of the audio; None otherwise."""
@@ -301,9 +308,16 @@ def retime_transcript(
 ) -> Transcription:
     """Time the words of blocks of text (subtitle cues, paragraphs) in decoded 16 kHz audio (an array or
     an audio.signal.Signal): one "aligned" segment per block, its words timed; warnings say when the
-    audio does not cover the text (coverage_warning). language: a canonical name the aligner supports."""
+    audio does not cover the text (coverage_warning). language: a canonical name the aligner supports.
+    Raises TranscriptTooLong, before anything is aligned, for a text far beyond what the audio holds."""
     words = transcript_words(blocks, language)
     duration = len(signal) / SAMPLE_RATE
+    weight = sum(w.weight for w in words)
+    if weight > REFUSE_FACTOR * MAX_WEIGHT_PER_SECOND * duration:
+        raise TranscriptTooLong(
+            f"the transcript has {len(words)} words for {duration:.1f} s of audio, far more than speech "
+            "holds; it is not this audio's transcript (nothing aligned)"
+        )
     pieces = split_on_silence(signal, max_seconds=min(PIECE_SECONDS, MAX_SECONDS), sample_rate=SAMPLE_RATE)
     spans = [(p.start_seconds, p.end_seconds) for p in pieces]
 
@@ -313,7 +327,7 @@ def retime_transcript(
 
     shared = share([w.weight for w in words], spans, align)
     warnings = []
-    warning = coverage_warning(len(words), sum(w.weight for w in words), duration, shared.piled_at_end)
+    warning = coverage_warning(len(words), weight, duration, shared.piled_at_end)
     if warning is not None:
         warnings.append(warning)
     segments = _segments(blocks, words, shared.times, language, duration)
