@@ -15,6 +15,8 @@ segment; Ctrl-C finishes the last words, writes them and exits with status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import queue
 import signal
@@ -717,6 +719,46 @@ def _session(args: argparse.Namespace, say: _Say, stop: _Stop) -> int:
             f"with --chunk-seconds {args.chunk_seconds:g}"
         )
     job = _plan(args)
+    with _outputs_lock(job):
+        return _run_session(args, say, stop, job, language)
+
+
+@contextlib.contextmanager
+def _outputs_lock(job: FileJob | None) -> Iterator[None]:
+    """Hold a lock on the session's output names, so that a second session writing them is refused
+    rather than interleaved with this one. An advisory lock on a hidden file beside the outputs: the
+    system releases it however the process ends (kill -9 included); the file is removed at the end."""
+    if job is None:
+        yield
+        return
+    first = next(iter(job.outputs.values()))
+    path = first.parent / f".{first.stem}.mlxasr-live.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise LiveError(
+            f"cannot write in {first.parent} ({(e.strerror or str(e)).lower()})", EXIT_FAILED
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise LiveError(
+                f"another mlxasr live session is writing {first.with_suffix('')}.*; "
+                "give this one another --output NAME"
+            ) from None
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def _run_session(
+    args: argparse.Namespace, say: _Say, stop: _Stop, job: FileJob | None, language: str | None
+) -> int:
     # Until the session starts nothing is written: a stop ends the command at once.
     stop.waiting = True
     try:

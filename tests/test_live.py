@@ -408,3 +408,27 @@ def test_terminal_display_shows_the_unstable_tail_dimmed(monkeypatch):
     shown = screen.getvalue()
     assert "hello there" in shown
     assert "\x1b[2m world" in shown  # dim
+
+
+def test_a_second_session_on_the_same_outputs_is_refused_and_the_lock_goes_with_the_session(
+    tmp_path, ckpt, capsys
+):
+    import fcntl
+
+    audio = write_wav(tmp_path / "talk.wav", 3.0, 1)
+    lock = tmp_path / ".talk.mlxasr-live.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another session holds the names
+    try:
+        status = main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--txt"])
+        err = capsys.readouterr().err
+        assert status == 2
+        assert [line for line in err.splitlines() if "error" in line] == [
+            f"mlxasr live: error: another mlxasr live session is writing {tmp_path / 'talk'}.*; "
+            "give this one another --output NAME"
+        ]
+        assert not (tmp_path / "talk.txt").exists()
+    finally:
+        os.close(fd)  # that session ends: its lock goes with it
+    assert main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--txt"]) == 0
+    assert (tmp_path / "talk.txt").exists() and not lock.exists()
