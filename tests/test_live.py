@@ -221,10 +221,14 @@ def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt
     assert status == 130, err
     assert "interrupted" in err
     doc = json.loads((tmp_path / "cut.json").read_text(encoding="utf-8"))
-    # Everything sent was heard: the last segment ends with the audio.
-    assert doc["segments"][-1]["end"] == pytest.approx(6.0, abs=1e-3)
+    # Everything heard before the stop was transcribed: the last segment ends with the audio read, past
+    # the segment committed before the stop. (How much of the pipe was read by then depends on the load.)
+    first = log.read_text(encoding="utf-8").splitlines()[0]
+    first_end = srt.srt_timestamp_to_timedelta(first[1:].split(" --> ")[1].split("]")[0].replace(".", ","))
+    assert first_end.total_seconds() < doc["duration"] <= 6.0
+    assert doc["segments"][-1]["end"] == pytest.approx(doc["duration"], abs=1e-3)
     cues = list(srt.parse((tmp_path / "cut.srt").read_text(encoding="utf-8")))
-    assert cues and cues[-1].end.total_seconds() <= 6.0
+    assert cues and cues[-1].end.total_seconds() <= doc["duration"]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
