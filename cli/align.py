@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
-from mlx_qwen3asr.checkpoints.loading import DTYPES, load, require_kind
+from mlx_qwen3asr.checkpoints.loading import load, require_kind
 from mlx_qwen3asr.cli.models import load_reason
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -34,9 +34,13 @@ from mlx_qwen3asr.cli.options import (
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    add_dtype,
+    add_formats,
+    chosen_formats,
     exit_status,
 )
 from mlx_qwen3asr.cli.signals import Terminated
+from mlx_qwen3asr.cli.stdio import Say
 from mlx_qwen3asr.outputs.folder import (
     InputFile,
     OutputClash,
@@ -46,10 +50,8 @@ from mlx_qwen3asr.outputs.folder import (
     plan_jobs,
     write_outputs,
 )
-from mlx_qwen3asr.outputs.render import FORMATS
 from mlx_qwen3asr.pipeline.alignment import aligner_languages
 from mlx_qwen3asr.pipeline.retime import PIECE_SECONDS, TranscriptTooLong, retime_transcript
-from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.text.languages import guess_text_language, resolve_language
 from mlx_qwen3asr.text.words import is_cjk
 
@@ -95,16 +97,6 @@ class AlignError(Exception):
         self.status = status
 
 
-def _format_list(value: str) -> list[str]:
-    names = [v.strip().lower() for v in value.split(",") if v.strip()]
-    for name in names or [""]:
-        if name != "all" and name not in FORMATS:
-            raise argparse.ArgumentTypeError(
-                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
-            )
-    return names
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `mlxasr align` argument parser."""
     p = argparse.ArgumentParser(
@@ -123,21 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the transcript: plain text, or .srt/.vtt subtitles whose cue texts are re-timed (UTF-8)",
     )
     out = p.add_argument_group("output (without a format option, SRT subtitles are written)")
-    for fmt, text in (
-        ("txt", "plain-text transcript"),
-        ("srt", "SubRip subtitles"),
-        ("vtt", "WebVTT subtitles"),
-        ("json", "text, segments with word times, cues, aligner and options"),
-    ):
-        out.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=text)
-    out.add_argument(
-        "-f",
-        "--output-format",
-        dest="format_lists",
-        action="append",
-        type=_format_list,
-        metavar="FMT",
-        help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+    add_formats(
+        out,
+        {
+            "txt": "plain-text transcript",
+            "srt": "SubRip subtitles",
+            "vtt": "WebVTT subtitles",
+            "json": "text, segments with word times, cues, aligner and options",
+        },
     )
     out.add_argument(
         "-o",
@@ -156,12 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A",
         help=f"forced aligner checkpoint folder or repo id (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER})",
     )
-    model.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default=None,
-        help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
-    )
+    add_dtype(model)
     model.add_argument(
         "--language",
         metavar="L",
@@ -171,13 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
-
-
-def _formats(args: argparse.Namespace) -> list[str]:
-    chosen = set(args.formats or [])
-    for names in args.format_lists or []:
-        chosen.update(FORMATS if "all" in names else names)
-    return [f for f in FORMATS if f in chosen] or ["srt"]
 
 
 # --- reading the text -------------------------------------------------------------------------------
@@ -216,17 +189,7 @@ def read_blocks(path: Path) -> tuple[list[str], str]:
     """The blocks of text to time, from a transcript (its paragraphs) or subtitles (its cue texts),
     and what they are ("paragraph" or "cue"). Raises AlignError naming the file and the reason."""
     name = f"--text {path}"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise AlignError(f"{name}: no such file") from None
-    except OSError as e:
-        raise AlignError(f"{name}: cannot read it ({(e.strerror or str(e)).lower()})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise AlignError(f"{name}: is a folder, not a text file")
-    kind = not_regular_reason(st.st_mode)
-    if kind is not None:
-        raise AlignError(f"{name}: {kind}")
+    st = _regular_file(path, name, "is a folder, not a text file")
     if st.st_size > MAX_TEXT_BYTES:
         raise AlignError(
             f"{name}: larger than {MAX_TEXT_BYTES // (1024 * 1024)} MB; no transcript is that long"
@@ -258,33 +221,20 @@ def read_blocks(path: Path) -> tuple[list[str], str]:
 # --- the command ------------------------------------------------------------------------------------
 
 
-class _Say:
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def info(self, line: str) -> None:
-        if not self.quiet:
-            print(f"{PROG}: {one_line(line)}", file=sys.stderr, flush=True)
-
-    def warning(self, line: str) -> None:
-        print(f"{PROG}: warning: {one_line(line)}", file=sys.stderr, flush=True)
-
-    def error(self, line: str) -> None:
-        print(f"{PROG}: error: {one_line(line)}", file=sys.stderr, flush=True)
-
-
-def _check_audio(path: str) -> None:
+def _regular_file(path, name: str, folder: str) -> os.stat_result:
+    """The stat of a regular file, or AlignError naming it (name) and why not (folder: for a folder)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise AlignError(f"{path}: no such file") from None
+        raise AlignError(f"{name}: no such file") from None
     except OSError as e:
-        raise AlignError(f"{path}: cannot read it ({(e.strerror or str(e)).lower()})") from None
+        raise AlignError(f"{name}: cannot read it ({(e.strerror or str(e)).lower()})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise AlignError(f"{path}: is a folder; give one audio file")
+        raise AlignError(f"{name}: {folder}")
     kind = not_regular_reason(st.st_mode)
     if kind is not None:
-        raise AlignError(f"{path}: {kind}")
+        raise AlignError(f"{name}: {kind}")
+    return st
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -294,7 +244,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
-def _align(args: argparse.Namespace, say: _Say) -> int:
+def _align(args: argparse.Namespace, say: Say) -> int:
     try:
         language = resolve_language(args.language)
     except ValueError as e:
@@ -302,11 +252,11 @@ def _align(args: argparse.Namespace, say: _Say) -> int:
     blocks, kind = read_blocks(args.text)
     if language is None:
         language = guess_text_language(" ".join(blocks))
-    _check_audio(args.audio)
+    _regular_file(args.audio, args.audio, "is a folder; give one audio file")
     if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
         raise AlignError(f"-o/--output-dir: {args.output_dir} is not a folder")
     try:
-        (job,) = plan_jobs([InputFile(Path(args.audio))], _formats(args), args.output_dir)
+        (job,) = plan_jobs([InputFile(Path(args.audio))], chosen_formats(args, "srt"), args.output_dir)
     except OutputClash as e:  # one input: cannot happen, but it would be a usage error
         raise AlignError(str(e)) from None
     for path in job.outputs.values():
@@ -379,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
     except SystemExit as e:  # usage errors and --help
         return exit_status(e)
-    say = _Say(args.quiet)
+    say = Say(PROG, args.quiet)
     try:
         return _align(args, say)
     except AlignError as e:

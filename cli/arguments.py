@@ -16,6 +16,7 @@ from mlx_qwen3asr.cli.options import (
     EXIT_USAGE,
     MODEL_ENV,
     add_batch_size,
+    add_formats,
     add_model,
     add_speech_detection,
     int_in,
@@ -24,11 +25,11 @@ from mlx_qwen3asr.cli.options import (
 )
 from mlx_qwen3asr.cli.stdio import STDIN
 from mlx_qwen3asr.outputs.cue_types import CueOptions
-from mlx_qwen3asr.outputs.render import FORMATS, HIGHLIGHT_STYLES
+from mlx_qwen3asr.outputs.render import HIGHLIGHT_STYLES
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
 from mlx_qwen3asr.runtime.backend import tuning
 
-__all__ = ["build_parser", "chosen_formats"]
+__all__ = ["build_parser"]
 
 # Limits of the numeric options. A segment must hold at least one 100-frame (1 s) mel chunk; at
 # 1200 s (the official pipeline's longest input) its audio tokens and token budget still fit well
@@ -88,18 +89,6 @@ The model is loaded only when there is something to transcribe; the default mode
 with the {MODEL_ENV} environment variable."""
 
 
-def _format_list(value: str) -> list[str]:
-    names = [v.strip().lower() for v in value.split(",") if v.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("empty format list")
-    for name in names:
-        if name != "all" and name not in FORMATS:
-            raise argparse.ArgumentTypeError(
-                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
-            )
-    return names
-
-
 class _CueOption(argparse.Action):
     """Stores a subtitle cue option's value and records that the user gave it (args.cue_options_given,
     by option name), so that a run writing no subtitles can say it is ignored."""
@@ -132,21 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(cue_options_given=[])
 
     out = p.add_argument_group("output (without a format option, a .txt transcript is written)")
-    for fmt, text in (
-        ("txt", "plain-text transcript, one paragraph per segment"),
-        ("srt", "SubRip subtitles"),
-        ("vtt", "WebVTT subtitles"),
-        ("json", "text, language, segments with flags, cues, model and options"),
-    ):
-        out.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=text)
-    out.add_argument(
-        "-f",
-        "--output-format",
-        dest="format_lists",
-        action="append",
-        type=_format_list,
-        metavar="FMT",
-        help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+    add_formats(
+        out,
+        {
+            "txt": "plain-text transcript, one paragraph per segment",
+            "srt": "SubRip subtitles",
+            "vtt": "WebVTT subtitles",
+            "json": "text, language, segments with flags, cues, model and options",
+        },
     )
     out.add_argument(
         "-o",
@@ -298,11 +280,3 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"mlxasr {__version__}")
     return p
-
-
-def chosen_formats(args: argparse.Namespace) -> list[str]:
-    """The output formats asked for, in FORMATS order; txt when none is."""
-    chosen = set(args.formats or [])
-    for names in args.format_lists or []:
-        chosen.update(FORMATS if "all" in names else names)
-    return [f for f in FORMATS if f in chosen] or ["txt"]

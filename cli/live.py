@@ -43,12 +43,15 @@ from mlx_qwen3asr.cli.options import (
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    add_formats,
     add_model,
+    chosen_formats,
     exit_status,
     number_in,
     span,
 )
 from mlx_qwen3asr.cli.signals import Terminated
+from mlx_qwen3asr.cli.stdio import Say
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
     InputFile,
@@ -59,7 +62,6 @@ from mlx_qwen3asr.outputs.folder import (
     prepare_output_folder,
     write_outputs,
 )
-from mlx_qwen3asr.outputs.render import FORMATS
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
@@ -175,13 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
         f"default: {DEFAULT_MAX_WINDOW_SECONDS:g}); at least twice --chunk-seconds plus 1",
     )
     out = p.add_argument_group("output")
-    for fmt, text in (
-        ("txt", "plain-text transcript"),
-        ("srt", "SubRip subtitles"),
-        ("vtt", "WebVTT subtitles"),
-        ("json", "text, segments, cues and options"),
-    ):
-        out.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=text)
+    add_formats(
+        out,
+        {
+            "txt": "plain-text transcript",
+            "srt": "SubRip subtitles",
+            "vtt": "WebVTT subtitles",
+            "json": "text, segments, cues and options",
+        },
+        lists=False,
+    )
     out.add_argument(
         "-o",
         "--output",
@@ -555,21 +560,6 @@ class _Stop:
             yield from drain()
 
 
-class _Say:
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def info(self, line: str) -> None:
-        if not self.quiet:
-            print(f"{PROG}: {one_line(line)}", file=sys.stderr, flush=True)
-
-    def warning(self, line: str) -> None:
-        print(f"{PROG}: warning: {one_line(line)}", file=sys.stderr, flush=True)
-
-    def error(self, line: str, label: str = "error: ") -> None:
-        print(f"{PROG}: {label}{one_line(line)}", file=sys.stderr, flush=True)
-
-
 class _Outputs:
     """The session's output files, rewritten whole from the committed segments."""
 
@@ -637,15 +627,8 @@ class _Audio:
             self.file.close()
 
 
-def _formats(args: argparse.Namespace) -> list[str]:
-    chosen = set(args.formats or [])
-    if not chosen and args.output is None:
-        return []
-    return [f for f in FORMATS if f in chosen] or ["txt"]
-
-
 def _plan(args: argparse.Namespace) -> FileJob | None:
-    formats = _formats(args)
+    formats = chosen_formats(args, "txt" if args.output is not None else None)
     if not formats:
         return None
     if args.output is not None:
@@ -701,7 +684,7 @@ def _source(args: argparse.Namespace, stop: _Stop) -> tuple[str, Iterator[np.nda
     return "microphone", microphone.blocks(), microphone.drain
 
 
-def _session(args: argparse.Namespace, say: _Say, stop: _Stop) -> int:
+def _session(args: argparse.Namespace, say: Say, stop: _Stop) -> int:
     if args.source is not None and args.source != STDIN:
         raise LiveError(
             f"{args.source!r}: the only source argument is - (standard input); a file goes with --input"
@@ -757,7 +740,7 @@ def _outputs_lock(job: FileJob | None) -> Iterator[None]:
 
 
 def _run_session(
-    args: argparse.Namespace, say: _Say, stop: _Stop, job: FileJob | None, language: str | None
+    args: argparse.Namespace, say: Say, stop: _Stop, job: FileJob | None, language: str | None
 ) -> int:
     # Until the session starts nothing is written: a stop ends the command at once.
     stop.waiting = True
@@ -835,7 +818,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
     except SystemExit as e:
         return exit_status(e)
-    say = _Say(args.quiet)
+    say = Say(PROG, args.quiet)
     stop = _Stop()
     in_main = threading.current_thread() is threading.main_thread()
     old = {}

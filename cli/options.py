@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.checkpoints.loading import DTYPES
+from mlx_qwen3asr.outputs.render import FORMATS
 
 __all__ = [
     "ALIGNER_ENV",
@@ -25,9 +26,12 @@ __all__ = [
     "MODEL_ENV",
     "VAD_THRESHOLD_RANGE",
     "add_batch_size",
+    "add_dtype",
+    "add_formats",
     "add_model",
     "add_speech_detection",
     "check_vad",
+    "chosen_formats",
     "exit_status",
     "int_in",
     "number_in",
@@ -89,19 +93,62 @@ def span(limits: tuple[float, float]) -> str:
 
 
 def add_model(group) -> None:
-    """--model and --dtype, as both commands take them."""
+    """--model and --dtype, as the commands that load a speech model take them."""
     group.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
         metavar="M",
         help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
     )
+    add_dtype(group)
+
+
+def add_dtype(group) -> None:
+    """--dtype, the compute dtype of the models a command loads."""
     group.add_argument(
         "--dtype",
         choices=sorted(DTYPES),
         default=None,
         help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)",
     )
+
+
+def _format_list(value: str) -> list[str]:
+    """An argparse type: a comma-separated list of output formats ("all" for every one)."""
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("empty format list")
+    for name in names:
+        if name != "all" and name not in FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
+            )
+    return names
+
+
+def add_formats(group, helps: dict[str, str], *, lists: bool = True) -> None:
+    """--txt, --srt, --vtt and --json (helps: what each holds, by format; args.formats) and, with lists,
+    -f/--output-format (args.format_lists); chosen_formats reads them."""
+    for fmt in FORMATS:
+        group.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=helps[fmt])
+    if lists:
+        group.add_argument(
+            "-f",
+            "--output-format",
+            dest="format_lists",
+            action="append",
+            type=_format_list,
+            metavar="FMT",
+            help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+        )
+
+
+def chosen_formats(args: argparse.Namespace, default: str | None = "txt") -> list[str]:
+    """The output formats asked for (add_formats), in FORMATS order; [default] when none is."""
+    chosen = set(getattr(args, "formats", None) or [])
+    for names in getattr(args, "format_lists", None) or []:
+        chosen.update(FORMATS if "all" in names else names)
+    return [f for f in FORMATS if f in chosen] or ([default] if default else [])
 
 
 def add_batch_size(group, decoded_from: str, most: str) -> None:

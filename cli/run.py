@@ -15,7 +15,6 @@ from typing import TextIO
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.signal import is_silent
-from mlx_qwen3asr.cli.arguments import chosen_formats
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -25,6 +24,7 @@ from mlx_qwen3asr.cli.options import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     check_vad,
+    chosen_formats,
     vad_options,
 )
 from mlx_qwen3asr.cli.plan import (

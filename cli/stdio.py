@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from mlx_qwen3asr.runtime.messages import one_line
+
 __all__ = [
     "STDIN",
     "STDIN_NAME",
+    "Say",
     "StdinInput",
     "open_closed_standard_streams",
     "spill_stdin",
@@ -103,3 +106,24 @@ class StdinInput:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Say:
+    """What a subcommand tells its user on stderr, one line each, prefixed with its name: information
+    (not when quiet), warnings and errors."""
+
+    def __init__(self, prog: str, quiet: bool) -> None:
+        self.prog, self.quiet = prog, quiet
+
+    def _line(self, text: str) -> None:
+        print(f"{self.prog}: {text}", file=sys.stderr, flush=True)
+
+    def info(self, line: str) -> None:
+        if not self.quiet:
+            self._line(one_line(line))
+
+    def warning(self, line: str) -> None:
+        self._line(f"warning: {one_line(line)}")
+
+    def error(self, line: str, label: str = "error: ") -> None:
+        self._line(f"{label}{one_line(line)}")
