@@ -29,6 +29,21 @@ def official_module(name: str) -> types.ModuleType:
     return importlib.import_module(f"qwen_asr.{name}")
 
 
+def _with_stand_ins(name: str, stand_ins: dict[str, types.ModuleType]) -> types.ModuleType:
+    """official_module(name), imported with these modules standing in for missing ones (taken out of
+    sys.modules again afterwards)."""
+    saved = {key: sys.modules.get(key) for key in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        return official_module(name)
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = module
+
+
 def official_aligner_module() -> types.ModuleType:
     """The official aligner module. Its audio helpers import librosa, and the module imports nagisa at
     the top; only its text and timestamp processing is used here, so a missing librosa or nagisa is
@@ -42,16 +57,7 @@ def official_aligner_module() -> types.ModuleType:
         utils.AudioLike = object
         utils.ensure_list = utils.normalize_audios = None
         stand_ins["qwen_asr.inference.utils"] = utils
-    saved = {key: sys.modules.get(key) for key in stand_ins}
-    sys.modules.update(stand_ins)
-    try:
-        return official_module(name)
-    finally:
-        for key, module in saved.items():
-            if module is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = module
+    return _with_stand_ins(name, stand_ins)
 
 
 def official_inference_module() -> types.ModuleType:
@@ -67,13 +73,4 @@ def official_inference_module() -> types.ModuleType:
     for missing in ("librosa", "nagisa"):
         if importlib.util.find_spec(missing) is None:
             stand_ins[missing] = types.ModuleType(missing)
-    saved = {key: sys.modules.get(key) for key in stand_ins}
-    sys.modules.update(stand_ins)
-    try:
-        return official_module(name)
-    finally:
-        for key, module in saved.items():
-            if module is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = module
+    return _with_stand_ins(name, stand_ins)
