@@ -20,6 +20,7 @@ import fcntl
 import os
 import queue
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -34,7 +35,7 @@ import numpy as np
 import soxr
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_problem
-from mlx_qwen3asr.audio.files import read_audio
+from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.cli.models import load_model
 from mlx_qwen3asr.cli.options import (
@@ -669,8 +670,13 @@ def _source(args: argparse.Namespace, stop: _Stop) -> tuple[str, Iterator[np.nda
     if args.input is not None:
         if args.source is not None:
             raise LiveError("give either - (standard input) or --input FILE, not both")
-        if not os.path.isfile(args.input):
-            what = "is a folder" if os.path.isdir(args.input) else "no such file"
+        try:
+            mode = os.stat(args.input).st_mode
+        except OSError as e:
+            what = "no such file" if isinstance(e, FileNotFoundError) else (e.strerror or str(e)).lower()
+            raise LiveError(f"--input {args.input}: {what}") from None
+        what = "is a folder" if stat.S_ISDIR(mode) else not_regular_reason(mode)
+        if what is not None:  # a FIFO or a device would never end, or never start
             raise LiveError(f"--input {args.input}: {what}")
         blocks = _blocks_of(_file_samples(args.input))
         return args.input, (_paced(blocks, stop.pause) if args.realtime else blocks), None

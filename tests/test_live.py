@@ -394,6 +394,21 @@ def test_usage_errors_are_one_line_and_status_2(args, reason, capsys):
     assert len(err) == 1 and reason in err[0], err
 
 
+def test_an_input_that_is_no_regular_file_is_named_before_the_model_loads(tmp_path, capsys):
+    os.mkfifo(tmp_path / "pipe.wav")
+    (tmp_path / "folder").mkdir()
+    for name, reason in (
+        ("pipe.wav", "is a FIFO, not a regular file"),
+        ("folder", "is a folder"),
+        ("absent.wav", "no such file"),
+    ):
+        status = main(["live", "--input", str(tmp_path / name), "--model", "not-loaded"])
+        assert status == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"mlxasr live: error: --input {tmp_path / name}: {reason}"
+        ]
+
+
 def test_terminal_display_shows_the_unstable_tail_dimmed(monkeypatch):
     monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.delenv("NO_COLOR", raising=False)
