@@ -870,7 +870,13 @@ def main(argv: list[str] | None = None) -> int:
     model = mlx_qwen3asr.load(str(model_path), dtype=args.dtype)
     load_s = time.perf_counter() - start
     if args.mode == "live":
+        from tools import live_bench as live
+
         with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+            keep = live.prompt_tokens(model, args.language or None)
+            model_path = live.wordy_checkpoint(model_path, Path(tmp) / "wordy", keep)
+            del model
+            model = mlx_qwen3asr.load(str(model_path), dtype=args.dtype)
             result = live_bench(args, model, model_path, Path(tmp))
         result["load_s"] = load_s
         result["markdown"] = live_markdown(result)

@@ -26,7 +26,15 @@ Random weights rarely stop on their own, so EOS and the loop stop are off and ev
 budget that mimics speech: ``tokens_per_second`` x the seconds of audio decoded, less the tokens
 of the text prefix it is given (what speech at that rate would already have written), at least 1.
 A step with the rollback prefix thus writes about tokens_per_second x chunk_seconds + unfixed_tokens
-tokens, and a commit decodes the committed audio from an empty prefix.
+tokens.
+
+Random weights also pick tokens from the whole vocabulary, most of them pieces of multi-byte
+characters: their text is full of broken characters (U+FFFD), and the official rollback drops a token
+more for as long as the prefix holds one, so nearly every prefix would fall back to empty and every
+step would decode the whole window, which speech never does. The stream is therefore run on a copy of
+the checkpoint whose embedding rows (the LM head's too, tied or not) are zero except for words (a
+space and lowercase letters), the special tokens and the prompt's tokens (``wordy_checkpoint``): its
+logits are 0 for every other token and it writes words. Every system is given the same copy.
 
 The peer (moona3k's mlx-qwen3-asr, ``init_streaming`` / ``feed_audio`` / ``finish_streaming``) is
 run by ``python tools/live_bench.py --peer moona3k ...`` in its own environment with the same
@@ -60,6 +68,50 @@ class Step:
     committed_until_s: float  # stream time before which everything is committed after the step
     tokens: int  # tokens decoded by the step
     final: bool = False
+    drafted: int = 0  # of them, taken from drafts (checked in one pass with the prompt)
+
+
+def wordy_checkpoint(src: Path, dst: Path, keep: set[int] = frozenset()) -> Path:
+    """A copy of the checkpoint at `src` in `dst` that writes words (see the module docstring): rows of
+    the embedding and LM head matrices are zeroed except for tokens that are a space and lowercase
+    letters, the added (special) tokens and `keep`. Float checkpoints only."""
+    import re
+    import shutil
+
+    import mlx.core as mx
+
+    from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_dir(src)
+    word = re.compile("^\u0120[a-z]{2,}$")  # byte-level BPE writes the space as U+0120
+    vocab = tok.backend.get_vocab(with_added_tokens=True)
+    first_added = min(i for t, i in vocab.items() if t.startswith("<|")) if any(t.startswith("<|") for t in vocab) else len(vocab)
+    keep_ids = {i for t, i in vocab.items() if word.match(t) or i >= first_added} | {int(i) for i in keep}
+    for path in src.iterdir():
+        if path.suffix != ".safetensors" and path.is_file():
+            shutil.copy2(path, dst / path.name)
+    for path in sorted(src.glob("*.safetensors")):
+        weights, metadata = mx.load(str(path), return_metadata=True)
+        for name, w in weights.items():
+            if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                if w.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+                    raise ValueError(f"{src}: {name} is {w.dtype}; wordy_checkpoint takes float checkpoints")
+                rows = np.zeros((w.shape[0], 1), dtype=bool)
+                rows[[i for i in keep_ids if i < w.shape[0]]] = True
+                weights[name] = mx.where(mx.array(rows), w, mx.zeros_like(w))
+        mx.save_safetensors(str(dst / path.name), weights, metadata=metadata)
+    return dst
+
+
+def prompt_tokens(model, language: str | None, context: str = "") -> set[int]:
+    """Every token of the live prompt (both forms of its assistant turn)."""
+    from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
+
+    stream = StreamingTranscriber(model, language=language, context=context)
+    ids = set(stream.prompt_ids(3, "")) | set(stream.prompt_ids(3, "language English<asr_text>hello"))
+    return ids
 
 
 def decode_budget(tokens_per_second: float, seconds: float, prefix_tokens: int) -> int:
@@ -127,6 +179,7 @@ def summarize(steps: list[Step], chunk_seconds: float) -> dict:
         )
         + int(steps[0].committed_until_s > 0 and not steps[0].final),
         "tokens": sum(s.tokens for s in steps),
+        "drafted_tokens": sum(s.drafted for s in steps),
         "max_encoded_s": max(s.encoded_samples for s in steps) / SAMPLE_RATE,
         "per_minute": {
             str(m): {
@@ -163,13 +216,14 @@ def run_ours(
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._eos = frozenset()
-            self.tokens = 0
+            self.tokens = self.drafted = 0
 
-        def _decode(self, audio, prefix):
+        def _decode(self, audio, prefix, draft=()):
             given = len(self.tokenizer.encode(prefix)) if prefix else 0
             self.max_new_tokens = decode_budget(tokens_per_second, audio.shape[0] / SAMPLE_RATE, given)
-            gen, prompt = super()._decode(audio, prefix)
+            gen, prompt = super()._decode(audio, prefix, draft)
             self.tokens += len(gen.tokens)
+            self.drafted += gen.drafted
             return gen, prompt
 
     stream = Budgeted(
@@ -186,8 +240,9 @@ def run_ours(
         w = stream.window
         until = update.seconds if final else w.start / SAMPLE_RATE
         tokens, stream.tokens = stream.tokens, 0
+        drafted, stream.drafted = stream.drafted, 0
         steps.append(
-            Step(update.seconds, wall, update.encoded_samples, w.audio.shape[0], until, tokens, final)
+            Step(update.seconds, wall, update.encoded_samples, w.audio.shape[0], until, tokens, final, drafted)
         )
 
     pos = 0

@@ -47,10 +47,13 @@ class Prefix:
     """A prompt start shared by every row (system prompt and context), computed once.
 
     layers: per decoder layer, keys and values of shape (1, Hk, len(ids), D).
+    audio_tokens: audio placeholders among `ids` (their features are in the keys and values only, so
+    such a prefix is never recomputed from its ids).
     """
 
     ids: list[int]
     layers: list[tuple[mx.array, mx.array]]
+    audio_tokens: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +90,30 @@ def prefill_prefix(net: Qwen3ASR, ids: Sequence[int]) -> Prefix:
     return Prefix(ids, layers)
 
 
+def extend_prefix(net: Qwen3ASR, prefix: Prefix, ids: Sequence[int], audio_features: mx.array | None = None) -> Prefix:
+    """`prefix` followed by `ids`, whose audio placeholders take the rows of `audio_features` in order:
+    the keys and values of the whole, for prompts that share more than the system prompt (a live
+    window's audio up to its last complete encoder window)."""
+    ids = [int(i) for i in ids]
+    n_audio = sum(1 for i in ids if i == net.config.audio_token_id)
+    if n_audio != (0 if audio_features is None else audio_features.shape[0]):
+        raise ValueError(f"{n_audio} audio placeholders for {0 if audio_features is None else audio_features.shape[0]} features")
+    tokens = mx.array([ids], dtype=mx.int32)
+    embeds = net.model.embed_tokens(tokens) if audio_features is None else net.embed(tokens, audio_features)
+    cache = net.make_cache(prefix.layers)
+    for _ in prefill_chunks(net, embeds, cache):
+        pass
+    layers = [
+        (
+            mx.concatenate([k, c.keys[..., : c.offset, :]], axis=2),
+            mx.concatenate([v, c.values[..., : c.offset, :]], axis=2),
+        )
+        for (k, v), c in zip(prefix.layers, cache)
+    ]
+    mx.eval(layers)
+    return Prefix(prefix.ids + ids, layers, prefix.audio_tokens + n_audio)
+
+
 @dataclass
 class Generation:
     """What decoding one prompt gave.
@@ -104,6 +131,7 @@ class Generation:
     logits: list[mx.array] | None = None  # per step, when asked for (parity checks)
     logprobs: list[float] = field(default_factory=list)
     no_speech_prob: float | None = None
+    drafted: int = 0  # leading tokens taken from a draft (greedy_generate) rather than decoded one by one
 
 
 def token_budget(seconds: float) -> int:
@@ -135,12 +163,85 @@ def greedy_generate(
     eos_ids: set[int] | frozenset[int],
     keep_logits: bool = False,
     prefix: Prefix | None = None,
+    draft: Sequence[int] = (),
 ) -> Generation:
-    """Decode one prompt greedily until EOS, the budget, or a runaway loop."""
+    """Decode one prompt greedily until EOS, the budget, or a runaway loop.
+
+    draft: tokens the decoding is expected to start with (what an earlier decode of nearly the same
+    prompt wrote). They go through the decoder with the prompt, in one pass, and are kept as far as
+    greedy decoding picks them itself, position by position; decoding goes on from the first one it
+    would not have picked. The tokens are those of decoding without a draft (up to the order of float
+    sums); a draft that is right saves a decoding step per token.
+    """
+    draft = [int(t) for t in draft][: max(0, int(max_new_tokens) - 1)]
+    if draft and not keep_logits:
+        return _generate_after_draft(net, prompt_ids, audio_features, max_new_tokens, eos_ids, prefix, draft)
     batch = greedy_generate_batch(
         net, [prompt_ids], [audio_features], [max_new_tokens], eos_ids, keep_logits, prefix=prefix
     )
     return batch[0]
+
+
+def _generate_after_draft(
+    net: Qwen3ASR,
+    prompt_ids: list[int],
+    audio_features: mx.array,
+    max_new_tokens: int,
+    eos_ids: set[int] | frozenset[int],
+    prefix: Prefix | None,
+    draft: list[int],
+) -> Generation:
+    """greedy_generate with a draft: the prompt and the draft prefilled together, the greedy picks at
+    the draft's positions compared with it, the cache cut back to the prompt and the accepted tokens,
+    and a decode batch of one row started there."""
+    eos = frozenset(eos_ids)
+    ids = [int(i) for i in prompt_ids] + draft
+    embeds = net.embed(mx.array([ids], dtype=mx.int32), audio_features.reshape(-1, audio_features.shape[-1]))
+    cache = net.make_cache(None if prefix is None else prefix.layers)
+    n = len(draft) + 1  # the picks after the prompt's last token and after each draft token
+    tail = []
+    for start, stop, hidden in prefill_chunks(net, embeds, cache):
+        if stop > len(ids) - n:
+            tail.append(hidden[:, max(0, len(ids) - n - start) :, :])
+    logits = net.logits(mx.concatenate(tail, axis=1)[0])
+    picks = mx.argmax(logits, axis=-1)
+    scores = _chosen_scores(logits, picks, HEADER.none)
+    mx.eval(scores, [c.state for c in cache])
+    rows = scores.tolist()
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    at = 0
+    while True:
+        token, logprob, _ = rows[at]
+        token = int(token)
+        logprobs.append(logprob)
+        if token in eos:
+            return Generation(tokens, truncated=False, repetitive=False, logprobs=logprobs, drafted=len(tokens))
+        if at < len(draft) and token == draft[at]:
+            tokens.append(token)
+            at += 1
+            continue
+        break
+    # Picks 0..at-1 were the draft's; pick `at` is the model's own next token, not in the cache yet.
+    for c in cache:
+        c.offset = len(prompt_ids) + at
+    logprobs.pop()
+    budget = int(max_new_tokens) - len(tokens)
+    batch = DecodeBatch(net, eos, prefix=prefix)
+    row = _Row("draft", budget, [], None)
+    y = picks[at : at + 1]
+    batch._join([cache], [row], y, logits[at : at + 1], scores[at : at + 1])
+    results: dict = {}
+    while len(batch):
+        results.update(batch.step())
+    rest = results["draft"]
+    return Generation(
+        tokens + rest.tokens,
+        truncated=rest.truncated,
+        repetitive=rest.repetitive or ends_in_loop(tokens + rest.tokens),
+        logprobs=logprobs + rest.logprobs,
+        drafted=len(tokens),
+    )
 
 
 def _prefill(
@@ -289,7 +390,7 @@ class DecodeBatch:
         settings = tuning()
         self.prefill_rows = max(1, int(prefill_rows or settings.prefill_rows))
         self.inline: list[int] = []  # prompt start recomputed in every row (GPU path, short prefix)
-        if prefix is not None and len(prefix.ids) <= settings.inline_prefix_tokens:
+        if prefix is not None and not prefix.audio_tokens and len(prefix.ids) <= settings.inline_prefix_tokens:
             self.inline, self.prefix = list(prefix.ids), None
         self.rows: list[_Row] = []
         self.cache: list[KVCache] | None = None  # per layer; each holds the rows' padding (left_pad)

@@ -54,10 +54,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlx_qwen3asr.audio.cutting import quietest_sample
-from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram
+import mlx.core as mx
+
+from mlx_qwen3asr.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
 from mlx_qwen3asr.checkpoints.loading import ASRModel
-from mlx_qwen3asr.model.generate import Generation, Prefix, greedy_generate, prefill_prefix, token_budget
+from mlx_qwen3asr.model.generate import (
+    Generation,
+    Prefix,
+    extend_prefix,
+    greedy_generate,
+    prefill_prefix,
+    token_budget,
+)
+from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.output import join_texts, parse_output
@@ -82,6 +93,13 @@ COMMIT_SEARCH_SECONDS = 8.0
 MIN_COMMIT_SECONDS = 1.0
 # Energy window of the quiet-point search (the official low-energy rule uses 100 ms).
 QUIET_WINDOW_MS = 100.0
+# A decode whose end has the PAUSE_MS around it under PAUSE_ENERGY x the window's median energy (per
+# PAUSE_MS) ended in a pause: a commit can take its output as it is.
+PAUSE_MS = 200.0
+PAUSE_ENERGY = 0.01
+PAUSE_STEP_MS = 25.0  # every 25 ms of it: an onset or a word's tail next to silence is no pause
+# Longest draft a decode checks before decoding (the last output's tokens after the prefix).
+MAX_DRAFT_TOKENS = 32
 
 _BROKEN = "\ufffd"
 
@@ -123,6 +141,29 @@ def window_suffix_ids(tokenizer, n_audio_tokens: int, language: str | None, pref
     return suffix[: at + 1] + tokenizer.encode(assistant + prefix)
 
 
+_TRAILING = " \t\n.,!?;:\u3002\uff0c\uff01\uff1f\u3001\uff1b\uff1a"
+
+
+def _header(raw: str) -> str:
+    """The ``language X<asr_text>`` header that starts a raw output, or ''."""
+    at = raw.find("<asr_text>")
+    return raw[: at + len("<asr_text>")] if at >= 0 else ""
+
+
+def _carried_text(window_raw: str, prefix: str, head_written: str) -> str:
+    """What the window wrote for the audio after a commit's cut: its raw output after `prefix` less
+    the text the head's decode wrote after the same prefix, when the window's text starts with the
+    head's (punctuation and spaces at the head's end aside, as an utterance that stops there ends with
+    a full stop). '' when they disagree or nothing is left."""
+    if not window_raw.startswith(prefix):
+        return ""
+    rest = window_raw[len(prefix) :]
+    shared = len(os.path.commonprefix([rest, head_written]))
+    if head_written[shared:].strip(_TRAILING):
+        return ""
+    return rest[shared:].lstrip(_TRAILING)
+
+
 def _as_samples(samples) -> np.ndarray:
     """Mono float32 samples as the official step takes them: flattened; int16 scaled by 1/32768."""
     if samples is None:
@@ -158,6 +199,17 @@ class StreamUpdate:
 
 
 @dataclass
+class _Heard:
+    """One decode of a window: the window's samples then, its chunk_id and raw output (and flags)."""
+
+    samples: int
+    chunk_id: int
+    raw: str
+    truncated: bool = False
+    repetitive: bool = False
+
+
+@dataclass
 class _Window:
     """Audio since the last commit and the official streaming state over it."""
 
@@ -169,6 +221,27 @@ class _Window:
     text: str = ""
     truncated: bool = False
     repetitive: bool = False
+    # every decode of the window: what the stream had written when it had heard that much
+    history: list[_Heard] = field(default_factory=list)
+
+
+@dataclass
+class _Blocks:
+    """Encoder output of a window's complete encoder attention windows ("blocks"), and the decoder's
+    keys and values of the prompt up to the end of each, for the next decode of audio that starts the
+    same way.
+
+    A block's features depend only on its own mel frames (the encoder's chunks and attention windows
+    end at block boundaries), so they hold for any audio whose log-mel frames there are the same. The
+    frames are compared rather than the samples: a louder sound later in the window raises the
+    clip's maximum and with it the floor 8 below it, which changes the quietest frames of earlier
+    blocks; the blocks from the first changed one on are then encoded again, as the official step
+    encodes everything every time.
+    """
+
+    mel: np.ndarray  # the log-mel frames the blocks were computed from (n_mels, >= blocks x frames)
+    features: list[mx.array]  # per block, (tokens_per_block, dim)
+    prefixes: list[Prefix]  # prefixes[k]: the prompt through block k's audio tokens
 
 
 class StreamingTranscriber:
@@ -181,7 +254,10 @@ class StreamingTranscriber:
     (the official vLLM wrapper uses a fixed 4096). max_window_seconds: see the module docstring; None
     or inf keeps the whole stream in one window (the official behaviour). tokenizer: the tokenizer of
     the rollback and the prompt (default the model's own). decode: how each window is decoded (see
-    the module docstring; default: here, directly).
+    the module docstring; default: here, directly). reuse_blocks: with the default decode, keep the
+    encoder output and the prompt's keys and values of the window's complete encoder attention windows
+    (8 s) between steps instead of computing them again (see :class:`_Blocks`: the same features, up to
+    the order of float sums); False computes every step whole, as the official step does.
 
     Decoding stops at EOS, at the budget, or, unlike vLLM, when the output runs into a loop of at least
     20 repetitions (``model.generate``).
@@ -202,6 +278,7 @@ class StreamingTranscriber:
         min_commit_seconds: float = MIN_COMMIT_SECONDS,
         tokenizer=None,
         decode: Decode | None = None,
+        reuse_blocks: bool = True,
     ) -> None:
         if chunk_seconds is None or not float(chunk_seconds) > 0:
             raise ValueError(f"chunk_seconds must be > 0, got: {chunk_seconds}")
@@ -237,6 +314,10 @@ class StreamingTranscriber:
         self._start_ids = prompt_prefix_ids(self.tokenizer, self.context)  # checks the context now
         self._start: Prefix | None = None
         self._decode_step: Decode = decode if decode is not None else self._decode_here
+        self._local = decode is None
+        self.reuse_blocks = bool(reuse_blocks)
+        self._blocks: _Blocks | None = None
+        self._stems: dict[int, tuple[np.ndarray, mx.array]] = {}  # first frame -> (frames, conv stem)
 
         self.buffer = np.zeros((0,), dtype=np.float32)
         self.window = _Window()
@@ -322,8 +403,15 @@ class StreamingTranscriber:
         encoded_before = self.encoded_samples
         self._append(chunk)
         committed = []
-        if self.max_window_samples is not None and self.window.audio.shape[0] > self.max_window_samples:
-            committed = self._commit()
+        if self.max_window_samples is not None:
+            n = self.window.audio.shape[0]
+            if n > self.max_window_samples:
+                committed = self._commit()
+            elif n - self.chunk_samples >= self.max_window_samples // 2:
+                # Past half the bound, a pause where the last decode ended is committed at once.
+                heard = self._pause(self.window, latest=True)
+                if heard is not None:
+                    committed = self._commit(heard)
         w = self.window
         prefix = (
             ""
@@ -339,34 +427,151 @@ class StreamingTranscriber:
     def _decode_window(self, prefix: str) -> None:
         """One official decode of the whole window after `prefix`; updates the window's state."""
         w = self.window
-        gen, prompt = self._decode(w.audio, prefix)
+        gen, prompt = self._decode(w.audio, prefix, self._draft(w.raw, prefix))
         self.last_prompt_ids = prompt
         w.raw = prefix + self.tokenizer.decode(gen.tokens)
         w.language, w.text = parse_output(w.raw, self.language)
         w.truncated, w.repetitive = gen.truncated, gen.repetitive
+        w.history.append(_Heard(w.audio.shape[0], w.chunk_id, w.raw, w.truncated, w.repetitive))
         w.chunk_id += 1
         self.steps += 1
 
-    def _commit(self) -> list[Segment]:
-        """Cut the window at the quietest point of its stable part, transcribe the audio before the
-        cut on its own as a final segment, and restart the window at the cut."""
+    def _commit(self, heard: _Heard | None = None) -> list[Segment]:
+        """Commit the window's audio up to a cut as a final segment and restart the window there.
+
+        The cut is the latest point where an earlier decode of the window ended (a chunk boundary)
+        that lies in a pause: that decode's output is already the transcript of the audio before it
+        (what the official algorithm gives a stream that ends there), so nothing is decoded again.
+        Without such a point, the cut is the quietest 100 ms of the window's stable part and the
+        audio before it is decoded once more (``_head_prefix``)."""
         w = self.window
-        right = w.audio.shape[0] - self.margin_samples
-        left = max(self.min_commit_samples, right - self.search_samples)
-        if right - left <= self._quiet_window:
-            cut = right
+        heard = heard or self._pause(w)
+        if heard is not None:
+            cut = heard.samples
+            head = _Window(start=w.start, audio=w.audio[:cut], raw=heard.raw)
+            head.truncated, head.repetitive = heard.truncated, heard.repetitive
+            prefix, written = "", heard.raw
         else:
-            cut = left + quietest_sample(w.audio[left:right], self._quiet_window)
-        cut = min(max(cut, 1), w.audio.shape[0] - 1)
-        head = _Window(start=w.start, audio=w.audio[:cut])
-        gen, _ = self._decode(head.audio, "")
-        head.raw = self.tokenizer.decode(gen.tokens)
+            right = w.audio.shape[0] - self.margin_samples
+            left = max(self.min_commit_samples, right - self.search_samples)
+            # The latest pause in the search range leaves the new window the least audio to write
+            # again; without one, the quietest 100 ms.
+            cut = self._latest_pause(w.audio, left, right)
+            if cut is None:
+                cut = self._quietest(w.audio, left, right)
+            # A cut after the window's first decode (which came after `left` when the window started
+            # with carried audio) keeps the head's decode short (_head_prefix): taken when it is
+            # about as quiet.
+            first = [h.samples for h in w.history if h.chunk_id + 1 >= self.unfixed_chunks]
+            if first and left < first[0] and cut < first[0]:
+                later = self._quietest(w.audio, first[0], right)
+                if self._loudness(w.audio, later) <= 2.0 * self._loudness(w.audio, cut):
+                    cut = later
+            cut = min(max(cut, 1), w.audio.shape[0] - 1)
+            head = _Window(start=w.start, audio=w.audio[:cut])
+            prefix = self._head_prefix(w, cut)
+            gen, _ = self._decode(head.audio, prefix, self._draft(w.raw, prefix))
+            written = self.tokenizer.decode(gen.tokens)
+            head.raw = prefix + written
+            head.truncated, head.repetitive = gen.truncated, gen.repetitive
         head.language, head.text = parse_output(head.raw, self.language)
-        head.truncated, head.repetitive = gen.truncated, gen.repetitive
         segment = self._segment(head.start, head.start + cut, head)
         self.segments.append(segment)
-        self.window = _Window(start=w.start + cut, audio=w.audio[cut:])
+        rest = w.audio[cut:]
+        # The new window already holds whole chunks of audio: it counts them, so its first decode
+        # continues from the text the old window wrote after the head's (when there is one).
+        new = _Window(start=w.start + cut, audio=rest, chunk_id=rest.shape[0] // self.chunk_samples)
+        seed = _carried_text(w.raw, prefix, written)
+        if seed:
+            new.raw = _header(w.raw) + seed
+            new.language, new.text = parse_output(new.raw, self.language)
+            before = rest.shape[0] - self.chunk_samples  # the old window's last decode had not heard the chunk
+            if before > 0:
+                new.history.append(_Heard(before, new.chunk_id - 1, new.raw))
+        self.window = new
         return [segment]
+
+    def _quietest(self, audio: np.ndarray, left: int, right: int) -> int:
+        """The quietest sample of the quietest QUIET_WINDOW_MS in [left, right) (right when too short)."""
+        if right - left <= self._quiet_window:
+            return right
+        return left + quietest_sample(audio[left:right], self._quiet_window)
+
+    def _loudness(self, audio: np.ndarray, at: int) -> float:
+        """Mean magnitude of the QUIET_WINDOW_MS centred on sample `at`."""
+        half = self._quiet_window // 2
+        around = audio[max(0, at - half) : at + half]
+        return float(np.abs(around, dtype=np.float64).mean()) if around.size else 0.0
+
+    def _pause_floor(self, audio: np.ndarray) -> tuple[np.ndarray, float | None]:
+        """Per-sample power and the pause floor: PAUSE_ENERGY x the median energy of the audio's
+        PAUSE_MS stretches (None when it is shorter than one)."""
+        width = 2 * int(PAUSE_MS / 2000.0 * SAMPLE_RATE)
+        power = audio.astype(np.float64) ** 2
+        frames = power[: power.shape[0] // width * width].reshape(-1, width).mean(axis=1)
+        return power, (PAUSE_ENERGY * float(np.median(frames)) if frames.size else None)
+
+    def _latest_pause(self, audio: np.ndarray, left: int, right: int) -> int | None:
+        """The middle of the latest PAUSE_MS in [left, right) whose every PAUSE_STEP_MS is under the
+        pause floor, or None."""
+        power, floor = self._pause_floor(audio)
+        step = max(1, int(PAUSE_STEP_MS / 1000.0 * SAMPLE_RATE))
+        need = max(1, int(round(PAUSE_MS / PAUSE_STEP_MS)))
+        n = (right - left) // step
+        if floor is None or n < need:
+            return None
+        quiet = power[left : left + n * step].reshape(n, step).mean(axis=1) <= floor
+        run = np.convolve(quiet.astype(np.int32), np.ones(need, dtype=np.int32), mode="valid")
+        full = np.flatnonzero(run == need)
+        if full.size == 0:
+            return None
+        return left + int(full[-1]) * step + need * step // 2
+
+    def _pause(self, w: _Window, latest: bool = False) -> _Heard | None:
+        """The latest decode of the window (at least min_commit_seconds in, before the chunk just
+        added) whose end lies in a pause: every PAUSE_STEP_MS of the PAUSE_MS around it holds under
+        PAUSE_ENERGY x the median energy of the window's PAUSE_MS stretches. None when there is none.
+        latest: only the last decode (the one before the chunk just added) is looked at."""
+        half = int(PAUSE_MS / 2000.0 * SAMPLE_RATE)
+        last = w.audio.shape[0] - self.chunk_samples
+        points = [h for h in w.history if self.min_commit_samples <= h.samples <= last and h.samples >= half]
+        if latest:
+            points = [h for h in points[-1:] if h.samples == last]
+        if not points:
+            return None
+        power, floor = self._pause_floor(w.audio)
+        if floor is None:
+            return None
+        step = max(1, int(PAUSE_STEP_MS / 1000.0 * SAMPLE_RATE))
+        for h in reversed(points):
+            around = power[h.samples - half : h.samples + half]
+            around = around[: around.size // step * step].reshape(-1, step)
+            if around.size and float(around.mean(axis=1).max()) <= floor:
+                return h
+        return None
+
+    def _head_prefix(self, w: _Window, cut: int) -> str:
+        """The prefix of a commit's head decode: the rollback of the last output the window wrote
+        having heard no audio past the cut (the prefix its next step took), kept only as far as the
+        window's latest output still agrees with it. The head decode thus writes what that step's
+        successor would have, had the stream ended at the cut: a chunk or so of tokens rather than
+        the whole head again."""
+        raw = ""
+        for h in w.history:
+            if h.samples > cut:
+                break
+            if h.chunk_id + 1 >= self.unfixed_chunks:
+                raw = h.raw
+        if not raw:
+            return ""
+        ids = self.tokenizer.encode(rollback_prefix(self.tokenizer, raw, self.unfixed_tokens))
+        now = self.tokenizer.encode(w.raw)
+        same = 0
+        for a, b in zip(ids, now):
+            if a != b:
+                break
+            same += 1
+        return rollback_prefix(self.tokenizer, self.tokenizer.decode(ids[:same], skip_special_tokens=False), 0)
 
     def _segment(self, start: int, end: int, w: _Window) -> Segment:
         return Segment(
@@ -389,9 +594,21 @@ class StreamingTranscriber:
         """The prompt after its shared start (system prompt and context)."""
         return window_suffix_ids(self.tokenizer, n_audio_tokens, self.language, prefix)
 
-    def _decode(self, audio: np.ndarray, prefix: str) -> tuple[Generation, list[int]]:
-        """Encode `audio`, build the prompt with `prefix`, decode greedily (through the decode seam):
-        (generation, prompt ids)."""
+    def _draft(self, raw: str, prefix: str) -> list[int]:
+        """What the decode after `prefix` will likely write: the tokens of the last output `raw` after
+        the prefix (the ones the rollback took back), at most MAX_DRAFT_TOKENS; [] when `raw` does not
+        start with the prefix's tokens."""
+        if not raw:
+            return []
+        ids = self.tokenizer.encode(raw)
+        head = self.tokenizer.encode(prefix) if prefix else []
+        if ids[: len(head)] != head:
+            return []
+        return ids[len(head) : len(head) + MAX_DRAFT_TOKENS]
+
+    def _decode(self, audio: np.ndarray, prefix: str, draft: list[int] = ()) -> tuple[Generation, list[int]]:
+        """Encode `audio`, build the prompt with `prefix`, decode greedily (through the decode seam;
+        the local decode checks `draft` first, see ``greedy_generate``): (generation, prompt ids)."""
         built: list[list[int]] = []
 
         def suffix(n_audio_tokens: int) -> list[int]:
@@ -401,18 +618,111 @@ class StreamingTranscriber:
         budget = self.max_new_tokens
         if budget is None:
             budget = token_budget(audio.shape[0] / SAMPLE_RATE)
-        gen = self._decode_step(audio, suffix, budget)
-        self.encoded_samples += int(audio.shape[0])
+        if self._local:  # it counts what it encodes itself
+            gen = self._decode_here(audio, suffix, budget, draft)
+        else:
+            gen = self._decode_step(audio, suffix, budget)
+            self.encoded_samples += int(audio.shape[0])
         return gen, self._start_ids + (built[-1] if built else [])
 
-    def _decode_here(self, audio: np.ndarray, suffix: Callable[[int], list[int]], budget: int) -> Generation:
-        """The default decode: encode the window and decode its prompt greedily, on this thread."""
-        mel = log_mel_spectrogram(audio)
-        features = encode_segments(self.model, [mel])[0]
-        rest = suffix(int(features.shape[0]))
+    def _decode_here(
+        self, audio: np.ndarray, suffix: Callable[[int], list[int]], budget: int, draft: list[int] = ()
+    ) -> Generation:
+        """The default decode: encode the window and decode its prompt greedily, on this thread.
+
+        With reuse_blocks, the complete blocks (encoder attention windows) that the last call computed
+        for audio that starts the same way are taken as they are (_Blocks): only the audio after them
+        is encoded, and the prompt is decoded after the keys and values of the prompt through them.
+        """
+        net = self.model.net
         if self._start is None:
-            self._start = prefill_prefix(self.model.net, self._start_ids)
-        return greedy_generate(self.model.net, rest, features, budget, self._eos, prefix=self._start)
+            self._start = prefill_prefix(net, self._start_ids)
+        mel = log_mel_spectrogram(audio)
+        cfg = self.model.config.audio_config
+        block = cfg.chunk_frames * cfg.chunks_per_window
+        # A block is complete when a frame follows it: its last frame's samples are all there.
+        complete = max(0, (mel.shape[1] - 1) // block) if self.reuse_blocks else 0
+        known = self._blocks_for(mel, complete, block)
+        start_frame = len(known.features) * block if known is not None else 0
+        self.encoded_samples += max(0, audio.shape[0] - start_frame * HOP_LENGTH)
+        new = self._encode_tail(mel, start_frame) if self.reuse_blocks else encode_segments(self.model, [mel])[0]
+        tokens_per_block = cfg.tokens_per_chunk * cfg.chunks_per_window
+        have = [] if known is None else known.features
+        n_audio = len(have) * tokens_per_block + int(new.shape[0])
+        rest = suffix(n_audio)
+        audio_id = net.config.audio_token_id
+        head = rest.index(audio_id) if n_audio else len(rest)
+        if complete:
+            blocks = known or _Blocks(mel, [], [])
+            blocks.mel = mel
+            prefix = blocks.prefixes[-1] if blocks.prefixes else None
+            for k in range(len(blocks.features), complete):
+                features = new[(k - len(have)) * tokens_per_block : (k - len(have) + 1) * tokens_per_block]
+                ids = [audio_id] * tokens_per_block
+                if prefix is None:
+                    prefix, ids = self._start, rest[:head] + ids
+                blocks.features.append(features)
+                blocks.prefixes.append(extend_prefix(net, prefix, ids, features))
+                prefix = blocks.prefixes[-1]
+            self._blocks = blocks
+            taken = complete * tokens_per_block
+            tail = new[taken - len(have) * tokens_per_block :]
+            return greedy_generate(net, rest[head + taken :], tail, budget, self._eos, prefix=prefix, draft=draft)
+        return greedy_generate(net, rest, new, budget, self._eos, prefix=self._start, draft=draft)
+
+    def _encode_tail(self, mel: np.ndarray, start_frame: int) -> mx.array:
+        """Encoder features of the frames from `start_frame` (a block boundary) on. The conv stem works
+        on each 100-frame chunk alone: the stems of complete chunks (a frame follows them) whose frames
+        are those of the last call are taken from it."""
+        cfg = self.model.config.audio_config
+        tower = self.model.net.audio_tower
+        tail = mel[:, start_frame:]
+        batch = encoder_batch([tail], cfg, self.model.dtype)
+        cf = cfg.chunk_frames
+        old = self._stems
+        stems, fresh = [], []
+        for i in range(batch.chunks.shape[0]):
+            first = start_frame + i * cf
+            frames = mel[:, first : first + cf]
+            hit = old.get(first)
+            if hit is not None and frames.shape[1] == cf and np.array_equal(hit[0], frames):
+                stems.append(hit[1])
+            else:
+                stems.append(None)
+                fresh.append(i)
+        if fresh:
+            step = tuning().stem_chunks
+            for k in range(0, len(fresh), step):
+                idx = fresh[k : k + step]
+                out = tower.embed_chunks(batch.chunks[mx.array(idx, dtype=mx.int32)])
+                mx.eval(out)
+                for j, i in enumerate(idx):
+                    stems[i] = out[j : j + 1]
+        keep = {}
+        for i, stem in enumerate(stems):
+            first = start_frame + i * cf
+            if first + cf < mel.shape[1]:  # complete: a frame follows
+                keep[first] = (mel[:, first : first + cf].copy(), stem)
+        self._stems = keep
+        features = tower.encode_embedded(mx.concatenate(stems, axis=0), batch)
+        mx.eval(features)
+        return features
+
+    def _blocks_for(self, mel: np.ndarray, complete: int, block: int) -> _Blocks | None:
+        """The cached blocks that hold for these frames (at most `complete`, up to the first whose
+        frames changed), or None."""
+        known = self._blocks
+        if known is None or not complete:
+            return None
+        k = 0
+        while k < min(len(known.features), complete):
+            frames = slice(k * block, (k + 1) * block)
+            if not np.array_equal(known.mel[:, frames], mel[:, frames]):
+                break
+            k += 1
+        if k == 0:
+            return None
+        return _Blocks(known.mel, known.features[:k], known.prefixes[:k])
 
     # --- updates ----------------------------------------------------------------------------------
 
