@@ -87,7 +87,11 @@ def wordy_checkpoint(src: Path, dst: Path, keep: set[int] = frozenset()) -> Path
     tok = Tokenizer.from_dir(src)
     word = re.compile("^\u0120[a-z]{2,}$")  # byte-level BPE writes the space as U+0120
     vocab = tok.backend.get_vocab(with_added_tokens=True)
-    first_added = min(i for t, i in vocab.items() if t.startswith("<|")) if any(t.startswith("<|") for t in vocab) else len(vocab)
+    first_added = (
+        min(i for t, i in vocab.items() if t.startswith("<|"))
+        if any(t.startswith("<|") for t in vocab)
+        else len(vocab)
+    )
     keep_ids = {i for t, i in vocab.items() if word.match(t) or i >= first_added} | {int(i) for i in keep}
     for path in src.iterdir():
         if path.suffix != ".safetensors" and path.is_file():
@@ -242,7 +246,9 @@ def run_ours(
         tokens, stream.tokens = stream.tokens, 0
         drafted, stream.drafted = stream.drafted, 0
         steps.append(
-            Step(update.seconds, wall, update.encoded_samples, w.audio.shape[0], until, tokens, final, drafted)
+            Step(
+                update.seconds, wall, update.encoded_samples, w.audio.shape[0], until, tokens, final, drafted
+            )
         )
 
     pos = 0

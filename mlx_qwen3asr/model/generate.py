@@ -90,14 +90,18 @@ def prefill_prefix(net: Qwen3ASR, ids: Sequence[int]) -> Prefix:
     return Prefix(ids, layers)
 
 
-def extend_prefix(net: Qwen3ASR, prefix: Prefix, ids: Sequence[int], audio_features: mx.array | None = None) -> Prefix:
+def extend_prefix(
+    net: Qwen3ASR, prefix: Prefix, ids: Sequence[int], audio_features: mx.array | None = None
+) -> Prefix:
     """`prefix` followed by `ids`, whose audio placeholders take the rows of `audio_features` in order:
     the keys and values of the whole, for prompts that share more than the system prompt (a live
     window's audio up to its last complete encoder window)."""
     ids = [int(i) for i in ids]
     n_audio = sum(1 for i in ids if i == net.config.audio_token_id)
     if n_audio != (0 if audio_features is None else audio_features.shape[0]):
-        raise ValueError(f"{n_audio} audio placeholders for {0 if audio_features is None else audio_features.shape[0]} features")
+        raise ValueError(
+            f"{n_audio} audio placeholders for {0 if audio_features is None else audio_features.shape[0]} features"
+        )
     tokens = mx.array([ids], dtype=mx.int32)
     embeds = net.model.embed_tokens(tokens) if audio_features is None else net.embed(tokens, audio_features)
     cache = net.make_cache(prefix.layers)
@@ -216,7 +220,9 @@ def _generate_after_draft(
         token = int(token)
         logprobs.append(logprob)
         if token in eos:
-            return Generation(tokens, truncated=False, repetitive=False, logprobs=logprobs, drafted=len(tokens))
+            return Generation(
+                tokens, truncated=False, repetitive=False, logprobs=logprobs, drafted=len(tokens)
+            )
         if at < len(draft) and token == draft[at]:
             tokens.append(token)
             at += 1
@@ -390,7 +396,11 @@ class DecodeBatch:
         settings = tuning()
         self.prefill_rows = max(1, int(prefill_rows or settings.prefill_rows))
         self.inline: list[int] = []  # prompt start recomputed in every row (GPU path, short prefix)
-        if prefix is not None and not prefix.audio_tokens and len(prefix.ids) <= settings.inline_prefix_tokens:
+        if (
+            prefix is not None
+            and not prefix.audio_tokens
+            and len(prefix.ids) <= settings.inline_prefix_tokens
+        ):
             self.inline, self.prefix = list(prefix.ids), None
         self.rows: list[_Row] = []
         self.cache: list[KVCache] | None = None  # per layer; each holds the rows' padding (left_pad)

@@ -51,13 +51,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import mlx.core as mx
 import numpy as np
 
 from mlx_qwen3asr.audio.cutting import quietest_sample
-import mlx.core as mx
-
 from mlx_qwen3asr.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
 from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import (
     Generation,
     Prefix,
@@ -66,10 +66,9 @@ from mlx_qwen3asr.model.generate import (
     prefill_prefix,
     token_budget,
 )
-from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.pipeline.encoding import encode_segments
-from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.pipeline.result import Segment
+from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.output import join_texts, parse_output
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids
@@ -485,7 +484,9 @@ class StreamingTranscriber:
         if seed:
             new.raw = _header(w.raw) + seed
             new.language, new.text = parse_output(new.raw, self.language)
-            before = rest.shape[0] - self.chunk_samples  # the old window's last decode had not heard the chunk
+            before = (
+                rest.shape[0] - self.chunk_samples
+            )  # the old window's last decode had not heard the chunk
             if before > 0:
                 new.history.append(_Heard(before, new.chunk_id - 1, new.raw))
         self.window = new
@@ -571,7 +572,9 @@ class StreamingTranscriber:
             if a != b:
                 break
             same += 1
-        return rollback_prefix(self.tokenizer, self.tokenizer.decode(ids[:same], skip_special_tokens=False), 0)
+        return rollback_prefix(
+            self.tokenizer, self.tokenizer.decode(ids[:same], skip_special_tokens=False), 0
+        )
 
     def _segment(self, start: int, end: int, w: _Window) -> Segment:
         return Segment(
@@ -645,7 +648,11 @@ class StreamingTranscriber:
         known = self._blocks_for(mel, complete, block)
         start_frame = len(known.features) * block if known is not None else 0
         self.encoded_samples += max(0, audio.shape[0] - start_frame * HOP_LENGTH)
-        new = self._encode_tail(mel, start_frame) if self.reuse_blocks else encode_segments(self.model, [mel])[0]
+        new = (
+            self._encode_tail(mel, start_frame)
+            if self.reuse_blocks
+            else encode_segments(self.model, [mel])[0]
+        )
         tokens_per_block = cfg.tokens_per_chunk * cfg.chunks_per_window
         have = [] if known is None else known.features
         n_audio = len(have) * tokens_per_block + int(new.shape[0])
@@ -667,7 +674,9 @@ class StreamingTranscriber:
             self._blocks = blocks
             taken = complete * tokens_per_block
             tail = new[taken - len(have) * tokens_per_block :]
-            return greedy_generate(net, rest[head + taken :], tail, budget, self._eos, prefix=prefix, draft=draft)
+            return greedy_generate(
+                net, rest[head + taken :], tail, budget, self._eos, prefix=prefix, draft=draft
+            )
         return greedy_generate(net, rest, new, budget, self._eos, prefix=self._start, draft=draft)
 
     def _encode_tail(self, mel: np.ndarray, start_frame: int) -> mx.array:
