@@ -61,3 +61,42 @@ def test_decode_budget_is_speech_rate_less_the_prefix():
     assert live_bench.decode_budget(4.0, 2.0, 0) == 8
     assert live_bench.decode_budget(4.0, 10.0, 27) == 13
     assert live_bench.decode_budget(4.0, 1.0, 50) == 1
+
+
+def test_the_report_counts_drafted_tokens(report):
+    for run in report["runs"]:
+        assert run["drafted_tokens"] == sum(s["drafted"] for s in run["step_log"])
+        assert all(0 <= s["drafted"] <= s["tokens"] for s in run["step_log"])
+    assert report["runs"][0]["drafted_tokens"] > 0  # the rolled-back tokens come back as drafts
+
+
+def test_the_bench_checkpoint_writes_words(checkpoints, tmp_path):
+    """Random weights pick pieces of multi-byte characters; the copy the live bench runs writes words
+    (a space and lowercase letters), and the prompt's own tokens keep their embeddings."""
+    import re
+
+    import mlx.core as mx
+
+    import mlx_qwen3asr
+    from mlx_qwen3asr.model.generate import greedy_generate
+
+    source = checkpoints("tiny")
+    original = mlx_qwen3asr.load(str(source))
+    keep = live_bench.prompt_tokens(original, "English")
+    wordy = mlx_qwen3asr.load(str(live_bench.wordy_checkpoint(source, tmp_path / "wordy", keep)))
+    features = mx.random.normal((40, original.config.audio_config.output_dim), key=mx.random.key(0))
+    from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
+
+    rest = StreamingTranscriber(original, language="English")
+    prompt = rest.prompt_ids(40, "")
+    word = re.compile("^\u0120[a-z]{2,}$")
+
+    def written(model):
+        tokens = greedy_generate(model.net, prompt, features, 40, frozenset()).tokens
+        return [model.tokenizer.id_to_token(t) for t in tokens]
+
+    assert all(word.match(t) for t in written(wordy))
+    assert not all(word.match(t) for t in written(original))
+    weights = mx.load(str(tmp_path / "wordy" / "model.safetensors"))
+    [embed] = [w for name, w in weights.items() if name.endswith("embed_tokens.weight")]
+    assert all(bool(mx.any(embed[i] != 0)) for i in sorted(keep))

@@ -197,6 +197,22 @@ def test_parity_chunk_by_chunk(model, reference, processors, measurements, code_
     assert [(s.start, s.end, s.text) for s in ours.segments] == [(0.0, 9.0, state.text)]
 
 
+def test_parity_with_encoder_windows_kept_between_steps(model, reference, processors, measurements):
+    """Past 8 s the transcriber keeps the encoder output and prompt keys/values of complete encoder
+    windows instead of encoding everything again; the official steps still come out."""
+    noise = 0.01 * np.random.default_rng(6).standard_normal(21 * SR).astype(np.float32)
+    audio = test_signal(21.0, seed=6) + noise
+    state, ours, adapter = run_both(model, reference, processors["qwen"], audio, [CHUNK] * 10 + [SR])
+    assert len(adapter.prompt_ids) == 11
+    kept = [n for k, n in enumerate(ours.step_encoded_samples[:10], start=1) if n < k * CHUNK]
+    assert len(kept) >= 5  # from the step at 12 s on, the first 8 s are not encoded again
+    measurements.append(
+        f"streaming parity tiny 21 s with encoder windows kept: 11 decodes equal; encoded "
+        f"{sum(ours.step_encoded_samples) / SR:.0f} s of audio where the official steps encode "
+        f"{sum(min(k * 2.0, 21.0) for k in range(1, 12)):.0f} s"
+    )
+
+
 @pytest.mark.parametrize(
     "language, context",
     [("English", ""), (None, "Glossary: MLX, Qwen3-ASR, Hugging Face."), ("french", "Réunion du comité")],

@@ -163,6 +163,17 @@ def _carried_text(window_raw: str, prefix: str, head_written: str) -> str:
     return rest[shared:].lstrip(_TRAILING)
 
 
+# Log-mel frames (normalized, (log10 + 4) / 4) this close count as the same frames when encoder
+# windows are kept: computed again over a longer clip a frame can round differently in its last bits,
+# and a louder sound later lifts the floor (8 log10 units under the loudest frame) under the quietest
+# bins of earlier frames. A window is encoded again when one of its bins moved by more: 0.01 is 0.4 dB.
+SAME_FRAME_TOLERANCE = 0.01
+
+
+def _same_frames(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.max(np.abs(a - b), initial=0.0) <= SAME_FRAME_TOLERANCE)
+
+
 def _as_samples(samples) -> np.ndarray:
     """Mono float32 samples as the official step takes them: flattened; int16 scaled by 1/32768."""
     if samples is None:
@@ -233,9 +244,10 @@ class _Blocks:
     A block's features depend only on its own mel frames (the encoder's chunks and attention windows
     end at block boundaries), so they hold for any audio whose log-mel frames there are the same. The
     frames are compared rather than the samples: a louder sound later in the window raises the
-    clip's maximum and with it the floor 8 below it, which changes the quietest frames of earlier
-    blocks; the blocks from the first changed one on are then encoded again, as the official step
-    encodes everything every time.
+    clip's maximum and with it the floor 8 below it, which changes the quietest bins of earlier
+    frames; the blocks from the first one with a bin moved by more than SAME_FRAME_TOLERANCE (0.4 dB)
+    on are then encoded again, as the official step encodes everything every time. A kept block is
+    thus the official one up to float rounding and such sub-0.4 dB floor moves.
     """
 
     mel: np.ndarray  # the log-mel frames the blocks were computed from (n_mels, >= blocks x frames)
@@ -694,7 +706,7 @@ class StreamingTranscriber:
             first = start_frame + i * cf
             frames = mel[:, first : first + cf]
             hit = old.get(first)
-            if hit is not None and frames.shape[1] == cf and np.array_equal(hit[0], frames):
+            if hit is not None and frames.shape[1] == cf and _same_frames(hit[0], frames):
                 stems.append(hit[1])
             else:
                 stems.append(None)
@@ -726,7 +738,7 @@ class StreamingTranscriber:
         k = 0
         while k < min(len(known.features), complete):
             frames = slice(k * block, (k + 1) * block)
-            if not np.array_equal(known.mel[:, frames], mel[:, frames]):
+            if not _same_frames(known.mel[:, frames], mel[:, frames]):
                 break
             k += 1
         if k == 0:
