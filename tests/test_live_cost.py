@@ -257,3 +257,29 @@ def test_the_text_carried_into_the_new_window(window, prefix, head, carried):
 def test_the_header_of_a_raw_output():
     assert streaming._header("language German<asr_text>Hallo") == "language German<asr_text>"
     assert streaming._header("Hallo") == ""
+
+
+def test_an_unbounded_window_keeps_a_bounded_number_of_prompt_starts(model):
+    """Each kept prompt start holds the keys and values of everything before it: only the last few
+    are kept, however long the window."""
+    audio = test_signal(50.0, seed=14) + 0.01 * np.random.default_rng(14).standard_normal(50 * SR).astype(
+        np.float32
+    )
+    stream = StreamingTranscriber(model, language="English", max_new_tokens=2, max_window_seconds=None)
+    for pos in range(0, audio.shape[0], CHUNK):
+        stream.feed(audio[pos : pos + CHUNK])
+    blocks = stream._blocks
+    assert len(blocks.prefixes) == 6  # 50 s: six complete 8 s windows
+    held = [p for p in blocks.prefixes if p is not None]
+    assert len(held) == streaming.KEPT_PREFIXES and blocks.prefixes[-1] is held[-1]
+    assert sum(f is not None for f in blocks.features) == streaming.KEPT_PREFIXES
+    assert stream.step_encoded_samples[-1] == 10 * SR  # still kept: only the audio after 40 s
+
+
+def test_a_draft_after_a_prompt_without_audio(model, prompt):
+    start, _, features = prompt
+    text = model.tokenizer.encode("<|im_start|>assistant\nlanguage English<asr_text>hello")
+    none = features[:0]
+    plain = greedy_generate(model.net, text, none, 8, frozenset(), prefix=start)
+    out = greedy_generate(model.net, text, none, 8, frozenset(), prefix=start, draft=plain.tokens[:3])
+    assert out.tokens == plain.tokens and out.drafted == 3

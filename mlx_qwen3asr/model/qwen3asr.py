@@ -45,6 +45,8 @@ class Qwen3ASR(nn.Module):
     def embed(self, input_ids: mx.array, audio_features: mx.array) -> mx.array:
         """Token embeddings with the audio features in place of the audio pad tokens, row by row."""
         x = self.model.embed_tokens(input_ids)
+        if audio_features.size == 0:  # a prompt without audio
+            return x
         is_audio = input_ids == self.config.audio_token_id
         # The k-th pad token in reading order takes the k-th audio feature.
         index = mx.maximum(mx.cumsum(is_audio.reshape(-1).astype(mx.int32)) - 1, 0).reshape(input_ids.shape)

@@ -23,19 +23,39 @@ text, as the official tokenizer splits the rendered prompt on its added tokens. 
 decoded with special tokens skipped, as vLLM returns them (``<asr_text>`` is not special and stays).
 
 Bounded cost (``max_window_seconds``): re-encoding from the start makes every step cost more than the
-last, without end. When the window (audio since the last commit) grows past ``max_window_seconds``,
-the quietest 100 ms (the low-energy rule of ``audio.cutting``) in the window's stable part, which is
-the window less its last ``max(1, unfixed_chunks)`` chunks (the audio whose text later steps
-still rewrite), is chosen as a cut. The audio before the cut is transcribed on its own, from an empty
-prefix, and committed as a final :class:`Segment` (its text is that decode's, which can differ from
-the window text shown as stable before the commit); the window then restarts at the cut as a new stream
-would: empty prefix for its first ``unfixed_chunks`` chunks, the user's context unchanged. The
-committed text is not added to the context: the prompt (and every step's cost) stays bounded, and a
-window that starts at a pause is the same task as a stream that starts there, which is the input the
-official algorithm is made for. Every step then encodes at most ``max(max_window_seconds, COMMIT_SEARCH_SECONDS +
-unfixed_chunks x chunk_seconds) + chunk_seconds`` of audio (22 s with the defaults), the same at
-minute 1 and hour 3: a shorter window leaves no room for a cut before its stable part ends. With ``max_window_seconds=None`` nothing is committed
-before ``finish`` and each step is the official one exactly.
+last, without end, so the window (audio since the last commit) is committed and restarted:
+
+* at a pause, early: once the window holds more than half of ``max_window_seconds``, a step whose
+  previous decode ended in a pause (each 25 ms of the 200 ms around its end at least 20 dB under the
+  window's median energy) commits the audio up to that point with that decode's text. That text is
+  already the transcript of the audio before the pause, what the official algorithm gives a stream
+  that ends there, so nothing is decoded again; the window restarts at the pause with the chunk just
+  added.
+* at the bound: when the window passes ``max_window_seconds``, the latest decode that ended in a
+  pause is taken the same way. Without one, the cut is the latest pause (200 ms, as above) in the
+  window's stable part (the window less its last ``max(1, unfixed_chunks)`` chunks, searched over
+  ``COMMIT_SEARCH_SECONDS``), or else its quietest 100 ms (the low-energy rule of ``audio.cutting``),
+  and the audio before the cut is decoded once more after the rollback prefix of the last output
+  that heard nothing past the cut (a step's worth of new tokens, not the whole head again). When the
+  window's latest output begins with what that decode wrote, the rest of it is the new window's text
+  so far, and its next decode continues from it less the unstable tokens; otherwise the new window
+  starts empty, as a stream would.
+
+A new window counts the whole chunks it starts with, so its second decode continues from its first.
+The committed text is not added to the context: the prompt (and every step's cost) stays bounded, and
+a window that starts at a pause is the same task as a stream that starts there. Every step encodes at
+most ``max(max_window_seconds, COMMIT_SEARCH_SECONDS + unfixed_chunks x chunk_seconds) +
+chunk_seconds`` of audio (22 s with the defaults), the same at minute 1 and hour 3. With
+``max_window_seconds=None`` nothing is committed before ``finish`` and the steps are the official ones.
+
+Work kept between steps (the default decode; ``reuse_blocks``): the encoder attends within 8 s
+windows ("blocks") and its conv stem within 1 s chunks, so the features of complete blocks, and the
+prompt's keys and values through their audio tokens, are kept while the block's log-mel frames stay
+the same (see :class:`_Blocks`); a step encodes and prefills only the audio after them, the text
+after it and the tail of the prompt. Decoding first checks a draft, the tokens the last output had
+after the prefix (those the rollback took back), in the same pass as the prompt, and keeps them as
+far as greedy decoding would have picked them (``greedy_generate``): the tokens are the same, each
+right one saves a decoding step.
 
 Each decode goes through a ``decode`` seam, ``decode(samples, suffix, budget) -> Generation``: the
 audio to encode whole, ``suffix(n_audio_tokens)`` the prompt ids after the shared prompt start
@@ -97,6 +117,8 @@ QUIET_WINDOW_MS = 100.0
 PAUSE_MS = 200.0
 PAUSE_ENERGY = 0.01
 PAUSE_STEP_MS = 25.0  # every 25 ms of it: an onset or a word's tail next to silence is no pause
+# Prompt starts (keys and values through a kept encoder window) kept per window: the last ones.
+KEPT_PREFIXES = 3
 # Longest draft a decode checks before decoding (the last output's tokens after the prefix).
 MAX_DRAFT_TOKENS = 32
 
@@ -251,8 +273,8 @@ class _Blocks:
     """
 
     mel: np.ndarray  # the log-mel frames the blocks were computed from (n_mels, >= blocks x frames)
-    features: list[mx.array]  # per block, (tokens_per_block, dim)
-    prefixes: list[Prefix]  # prefixes[k]: the prompt through block k's audio tokens
+    features: list[mx.array | None]  # per block, (tokens_per_block, dim) (None: dropped with its prefix)
+    prefixes: list[Prefix | None]  # prefixes[k]: the prompt through block k's audio (None: dropped)
 
 
 class StreamingTranscriber:
@@ -683,6 +705,10 @@ class StreamingTranscriber:
                 blocks.features.append(features)
                 blocks.prefixes.append(extend_prefix(net, prefix, ids, features))
                 prefix = blocks.prefixes[-1]
+            # Only the last KEPT_PREFIXES prompt starts are kept (a commit's head needs one a block or
+            # two shorter): each holds the keys and values of everything before it.
+            for k in range(len(blocks.prefixes) - KEPT_PREFIXES):
+                blocks.prefixes[k] = blocks.features[k] = None
             self._blocks = blocks
             taken = complete * tokens_per_block
             tail = new[taken - len(have) * tokens_per_block :]
@@ -741,6 +767,8 @@ class StreamingTranscriber:
             if not _same_frames(known.mel[:, frames], mel[:, frames]):
                 break
             k += 1
+        while k > 0 and known.prefixes[k - 1] is None:
+            k -= 1
         if k == 0:
             return None
         return _Blocks(known.mel, known.features[:k], known.prefixes[:k])
