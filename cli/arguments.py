@@ -7,8 +7,6 @@ from pathlib import Path
 
 from mlx_qwen3asr import __version__
 from mlx_qwen3asr.cli.options import (
-    ALIGNER_ENV,
-    DEFAULT_ALIGNER,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -19,6 +17,7 @@ from mlx_qwen3asr.cli.options import (
     add_formats,
     add_model,
     add_speech_detection,
+    add_word_timing,
     int_in,
     number_in,
     span,
@@ -147,27 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = p.add_argument_group("model")
     add_model(model)
-    words = model.add_mutually_exclusive_group()
-    words.add_argument(
-        "--word-timestamps",
-        dest="word_timestamps",
-        action="store_true",
-        default=None,
-        help="time every word with the forced aligner (default: on when SRT or VTT is written)",
-    )
-    words.add_argument(
-        "--no-word-timestamps",
-        dest="word_timestamps",
-        action="store_false",
-        help="estimate cue times from the text and the pauses instead of timing words",
-    )
-    model.add_argument(
-        "--aligner",
-        default=None,
-        metavar="A",
-        help=f"forced aligner checkpoint folder or repo id (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER}); "
-        "loaded only when words are timed",
-    )
+    add_word_timing(model)
 
     rec = p.add_argument_group("recognition")
     rec.add_argument(

@@ -34,11 +34,12 @@ from typing import Any
 import numpy as np
 import soxr
 
-from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_problem
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, log_mel_spectrogram, sample_rate_problem
 from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
-from mlx_qwen3asr.cli.models import load_model
+from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
+    ALIGNER_ENV,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -46,6 +47,7 @@ from mlx_qwen3asr.cli.options import (
     EXIT_USAGE,
     add_formats,
     add_model,
+    add_word_timing,
     chosen_formats,
     exit_status,
     number_in,
@@ -63,6 +65,7 @@ from mlx_qwen3asr.outputs.folder import (
     prepare_output_folder,
     write_outputs,
 )
+from mlx_qwen3asr.pipeline.alignment import align_segments, why_not_aligned
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
@@ -101,7 +104,9 @@ outputs:
   written to NAME.txt, NAME.srt, ... (TXT when no format is named) and rewritten after each commit,
   each file replaced whole. NAME defaults to the --input file's name without its extension, beside
   it; standard input and the microphone need --output. Existing outputs are refused before the model
-  loads unless --overwrite is given.
+  loads unless --overwrite is given. With SRT or VTT (or --word-timestamps) the words of each
+  committed segment are timed by the forced aligner, so cues break between words; an aligner that
+  cannot be had gives one line and estimated cue times.
 
 exit status:
   {EXIT_OK}    the source ended and the outputs were written
@@ -174,9 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=number_in(WINDOW_SECONDS_RANGE),
         default=DEFAULT_MAX_WINDOW_SECONDS,
         metavar="S",
-        help=f"audio since the last commit before text is committed at a pause ({span(WINDOW_SECONDS_RANGE)}; "
-        f"default: {DEFAULT_MAX_WINDOW_SECONDS:g}); at least twice --chunk-seconds plus 1",
+        help=f"most audio since the last commit: text is committed at a pause past half of it, and at a cut "
+        f"once it is reached ({span(WINDOW_SECONDS_RANGE)}; default: {DEFAULT_MAX_WINDOW_SECONDS:g}); at least "
+        "twice --chunk-seconds plus 1",
     )
+    add_word_timing(model)
     out = p.add_argument_group("output")
     add_formats(
         out,
@@ -628,6 +635,32 @@ class _Audio:
             self.file.close()
 
 
+def _time_words(aligner, segments: list[Segment], audio: _Audio, language: str | None, say: Say) -> None:
+    """Time the words of newly committed segments with the forced aligner (when there is one and it
+    serves the segment: text, a language it knows). A failure keeps the segment's estimated timing,
+    with one line."""
+    if aligner is None:
+        return
+    signal_ = audio.signal()
+    for seg in segments:
+        lang = seg.language or language
+        if why_not_aligned(aligner, seg.text, lang, seg.end - seg.start) is not None:
+            continue
+        first, last = round(seg.start * SAMPLE_RATE), round(seg.end * SAMPLE_RATE)
+        try:
+            samples = signal_.read(first, last)
+            [words] = align_segments(
+                aligner, [log_mel_spectrogram(samples)], [seg.text], [lang], [(seg.start, seg.end)]
+            )
+        except Exception as e:  # the text stands, with estimated timing
+            say.warning(
+                f"the aligner failed on {seg.start:.1f}-{seg.end:.1f} s ({one_line(e) or type(e).__name__}); "
+                "its cue times are estimated"
+            )
+            continue
+        seg.words, seg.timing = words, "aligned"
+
+
 def _plan(args: argparse.Namespace) -> FileJob | None:
     formats = chosen_formats(args, "txt" if args.output is not None else None)
     if not formats:
@@ -767,8 +800,27 @@ def _run_session(
         )
     except ValueError as e:
         raise LiveError(one_line(e)) from None
+    aligner, aligner_source = None, None
+    timed = args.word_timestamps
+    if timed is None:  # timing words matters for subtitles, not for a transcript
+        timed = job is not None and bool({"srt", "vtt"} & set(job.outputs))
+    if job is not None and timed:
+        loaded = load_aligner(
+            args.aligner,
+            args.dtype,
+            say,
+            instead="cue times are estimated from the text instead "
+            f"(name an aligner with --aligner or ${ALIGNER_ENV}, or pass --no-word-timestamps)",
+        )
+        if loaded.stop:
+            return EXIT_USAGE
+        aligner, aligner_source = loaded.model, (loaded.source if loaded.model is not None else None)
     options = TranscribeOptions(
-        language=language, context=args.context, max_segment_seconds=args.max_window_seconds
+        language=language,
+        context=args.context,
+        max_segment_seconds=args.max_window_seconds,
+        word_timestamps=aligner is not None,
+        aligner=aligner_source,
     )
     outputs = _Outputs(job, options, args.model)
     audio = _Audio(keep=job is not None)
@@ -788,6 +840,7 @@ def _run_session(
                     ]
                     display.update(update, join_texts(committed, update.language or language))
                     if update.committed:
+                        _time_words(aligner, update.committed, audio, language, say)
                         outputs.write(transcriber.segments, audio.signal(), language)
         except LiveError as e:
             failure = e
@@ -800,6 +853,7 @@ def _run_session(
             ]
             display.update(final, join_texts(committed, final.language or language))
             final_text = final.text
+            _time_words(aligner, final.committed, audio, language, say)
             outputs.write(transcriber.segments, audio.signal(), language)
     finally:
         display.close(final_text)

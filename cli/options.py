@@ -30,6 +30,7 @@ __all__ = [
     "add_formats",
     "add_model",
     "add_speech_detection",
+    "add_word_timing",
     "check_vad",
     "chosen_formats",
     "exit_status",
@@ -101,6 +102,31 @@ def add_model(group) -> None:
         help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
     )
     add_dtype(group)
+
+
+def add_word_timing(group) -> None:
+    """--word-timestamps / --no-word-timestamps (None when neither is given) and --aligner."""
+    words = group.add_mutually_exclusive_group()
+    words.add_argument(
+        "--word-timestamps",
+        dest="word_timestamps",
+        action="store_true",
+        default=None,
+        help="time every word with the forced aligner (default: on when SRT or VTT is written)",
+    )
+    words.add_argument(
+        "--no-word-timestamps",
+        dest="word_timestamps",
+        action="store_false",
+        help="estimate cue times from the text and the pauses instead of timing words",
+    )
+    group.add_argument(
+        "--aligner",
+        default=None,
+        metavar="A",
+        help=f"forced aligner checkpoint folder or repo id (default: ${ALIGNER_ENV} or {DEFAULT_ALIGNER}); "
+        "loaded only when words are timed",
+    )
 
 
 def add_dtype(group) -> None:

@@ -451,3 +451,86 @@ def test_a_second_session_on_the_same_outputs_is_refused_and_the_lock_goes_with_
         os.close(fd)  # that session ends: its lock goes with it
     assert main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--txt"]) == 0
     assert (tmp_path / "talk.txt").exists() and not lock.exists()
+
+
+# --- word timing --------------------------------------------------------------------------------------
+
+
+def live_json(tmp_path, ckpt, *extra: str, name: str = "talk"):
+    audio = tmp_path / "talk.wav"
+    if not audio.exists():
+        write_wav(audio, 8.0, 3)
+    args = ["live", "--input", str(audio), "--model", ckpt, *STREAM, "--language", "en", "--json", *extra]
+    status = main([*args, "--output", str(tmp_path / name)])
+    return status, json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_subtitles_time_the_words_of_each_committed_segment_with_the_aligner(tmp_path, ckpt, capsys):
+    """The words of each committed segment are what the forced aligner gives for that segment's audio
+    and text; SRT and VTT turn word timing on, as in mlxasr."""
+    from mlx_qwen3asr.audio.features import log_mel_spectrogram
+    from mlx_qwen3asr.pipeline.alignment import align_segments
+
+    status, doc = live_json(tmp_path, ckpt, "--srt")
+    err = capsys.readouterr().err
+    assert status == 0 and "loading aligner" in err
+    assert (
+        doc["options"]["word_timestamps"] is True
+        and doc["options"]["aligner"] == os.environ["MLXASR_ALIGNER"]
+    )
+    segments = [s for s in doc["segments"] if s["text"].strip()]
+    assert len(segments) >= 2 and all(s["timing"] == "aligned" for s in segments)
+    aligner = load(os.environ["MLXASR_ALIGNER"])
+    samples = load_audio(tmp_path / "talk.wav")
+    for s in segments:
+        piece = samples[round(s["start"] * 16000) : round(s["end"] * 16000)]
+        [words] = align_segments(
+            aligner, [log_mel_spectrogram(piece)], [s["text"]], ["English"], [(s["start"], s["end"])]
+        )
+        assert [w["text"] for w in s["words"]] == [w.text for w in words]
+        assert [w["start"] for w in s["words"]] == [pytest.approx(w.start, abs=1e-3) for w in words]
+
+
+def test_word_timing_off_or_without_subtitles_loads_no_aligner(tmp_path, ckpt, capsys):
+    for extra, name in ((["--srt", "--no-word-timestamps"], "off"), ([], "plain")):
+        status, doc = live_json(tmp_path, ckpt, *extra, name=name)
+        err = capsys.readouterr().err
+        assert status == 0 and "loading aligner" not in err
+        assert doc["options"]["word_timestamps"] is False
+        assert all(s["timing"] == "estimated" and not s["words"] for s in doc["segments"])
+
+
+def test_an_aligner_failure_keeps_the_text_with_estimated_times_and_one_line(
+    tmp_path, ckpt, monkeypatch, capsys
+):
+    def broken(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(live, "align_segments", broken)
+    status, doc = live_json(tmp_path, ckpt, "--srt")
+    err = [line for line in capsys.readouterr().err.splitlines() if "aligner failed" in line]
+    assert status == 0 and doc["segments"] and all(s["timing"] == "estimated" for s in doc["segments"])
+    assert len(err) == len([s for s in doc["segments"] if s["text"].strip()])
+    assert "out of memory" in err[0] and "estimated" in err[0]
+    assert (tmp_path / "talk.srt").read_text(encoding="utf-8").strip()
+
+
+def test_a_named_aligner_that_cannot_load_is_a_usage_error(tmp_path, ckpt, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 3.0, 4)
+    status = main(
+        ["live", "--input", str(audio), "--model", ckpt, "--srt", "--aligner", str(tmp_path / "none")]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and "aligner" in err[-1] and str(tmp_path / "none") in err[-1]
+    assert not (tmp_path / "talk.srt").exists()
+
+
+def test_a_default_aligner_out_of_reach_gives_one_line_and_estimated_times(
+    tmp_path, ckpt, monkeypatch, capsys
+):
+    monkeypatch.delenv("MLXASR_ALIGNER")
+    monkeypatch.setattr("mlx_qwen3asr.cli.models.DEFAULT_ALIGNER", str(tmp_path / "unreachable"))
+    status, doc = live_json(tmp_path, ckpt, "--srt")
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert status == 0 and len(err) == 1 and "aligner" in err[0] and "estimated" in err[0]
+    assert all(s["timing"] == "estimated" for s in doc["segments"]) and doc["segments"]

@@ -475,8 +475,8 @@ class StreamingTranscriber:
         The cut is the latest point where an earlier decode of the window ended (a chunk boundary)
         that lies in a pause: that decode's output is already the transcript of the audio before it
         (what the official algorithm gives a stream that ends there), so nothing is decoded again.
-        Without such a point, the cut is the quietest 100 ms of the window's stable part and the
-        audio before it is decoded once more (``_head_prefix``)."""
+        Without such a point, the cut is the latest pause in the window's stable part, else its
+        quietest 100 ms, and the audio before it is decoded once more (``_head_prefix``)."""
         w = self.window
         heard = heard or self._pause(w)
         if heard is not None:
@@ -518,9 +518,8 @@ class StreamingTranscriber:
         if seed:
             new.raw = _header(w.raw) + seed
             new.language, new.text = parse_output(new.raw, self.language)
-            before = (
-                rest.shape[0] - self.chunk_samples
-            )  # the old window's last decode had not heard the chunk
+            # The old window's last decode had not heard the chunk just added.
+            before = rest.shape[0] - self.chunk_samples
             if before > 0:
                 new.history.append(_Heard(before, new.chunk_id - 1, new.raw))
         self.window = new
