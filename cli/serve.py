@@ -395,6 +395,10 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         return EXIT_USAGE
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
+    # The server stops on Ctrl-C (uvicorn catches SIGINT, shuts down, then raises it again with the
+    # handler it found): with SIGINT ignored from the start (a background job of a shell without job
+    # control) that would end in status 0, so the interrupt handler is set here.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
         return _serve(args, exiting)
     except KeyboardInterrupt:
@@ -406,6 +410,7 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def entry() -> None:

@@ -806,12 +806,27 @@ def test_the_converter_started_with_closed_standard_streams_converts(tmp_path, c
     assert cli(str(write_audio(tmp_path / "a.wav", 1.5, 1)), "--model", str(dst)).returncode == 0
 
 
+def ignoring_interrupts_and(close):
+    """A preexec_fn that also starts the command with SIGINT ignored, as a shell without job control
+    starts a background job."""
+
+    def start() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        close()
+
+    return start
+
+
 @pytest.mark.parametrize(
-    "command",
-    [["mlx_qwen3asr.cli.main", "serve"], ["mlx_qwen3asr.cli.serve"]],
-    ids=["mlxasr-serve", "module"],
+    ("command", "ignored"),
+    [
+        (["mlx_qwen3asr.cli.main", "serve"], False),
+        (["mlx_qwen3asr.cli.serve"], False),
+        (["mlx_qwen3asr.cli.main", "serve"], True),
+    ],
+    ids=["mlxasr-serve", "module", "sigint-ignored-at-start"],
 )
-def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt, command):
+def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt, command, ignored):
     env = {k: v for k, v in os.environ.items() if k != "MLXASR_API_KEY"}
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -820,7 +835,7 @@ def test_the_server_started_with_closed_standard_streams_serves(tmp_path, ckpt, 
     proc = subprocess.Popen(
         [sys.executable, "-m", *command, "--model", ckpt, "--port", str(port)],
         env=env,
-        preexec_fn=closing((0, 1, 2)),
+        preexec_fn=ignoring_interrupts_and(closing((0, 1, 2))) if ignored else closing((0, 1, 2)),
     )
     try:
         deadline = time.monotonic() + 120
