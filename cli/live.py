@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import soxr
 
-from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, log_mel_spectrogram, sample_rate_problem
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_problem
 from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.cli.models import load_aligner, load_model
@@ -65,7 +65,7 @@ from mlx_qwen3asr.outputs.folder import (
     prepare_output_folder,
     write_outputs,
 )
-from mlx_qwen3asr.pipeline.alignment import align_segments, why_not_aligned
+from mlx_qwen3asr.pipeline.alignment import align_span
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
@@ -643,22 +643,17 @@ def _time_words(aligner, segments: list[Segment], audio: _Audio, language: str |
         return
     signal_ = audio.signal()
     for seg in segments:
-        lang = seg.language or language
-        if why_not_aligned(aligner, seg.text, lang, seg.end - seg.start) is not None:
-            continue
-        first, last = round(seg.start * SAMPLE_RATE), round(seg.end * SAMPLE_RATE)
         try:
-            samples = signal_.read(first, last)
-            [words] = align_segments(
-                aligner, [log_mel_spectrogram(samples)], [seg.text], [lang], [(seg.start, seg.end)]
-            )
+            samples = signal_.read(round(seg.start * SAMPLE_RATE), round(seg.end * SAMPLE_RATE))
+            words = align_span(aligner, samples, seg.text, seg.language or language, (seg.start, seg.end))
         except Exception as e:  # the text stands, with estimated timing
             say.warning(
                 f"the aligner failed on {seg.start:.1f}-{seg.end:.1f} s ({one_line(e) or type(e).__name__}); "
                 "its cue times are estimated"
             )
             continue
-        seg.words, seg.timing = words, "aligned"
+        if words is not None:
+            seg.words, seg.timing = words, "aligned"
 
 
 def _plan(args: argparse.Namespace) -> FileJob | None:

@@ -506,7 +506,7 @@ def test_an_aligner_failure_keeps_the_text_with_estimated_times_and_one_line(
     def broken(*args, **kwargs):
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr(live, "align_segments", broken)
+    monkeypatch.setattr(live, "align_span", broken)
     status, doc = live_json(tmp_path, ckpt, "--srt")
     err = [line for line in capsys.readouterr().err.splitlines() if "aligner failed" in line]
     assert status == 0 and doc["segments"] and all(s["timing"] == "estimated" for s in doc["segments"])

@@ -164,6 +164,17 @@ def align_segments(
     return out
 
 
+def align_span(
+    aligner: ASRModel, samples: np.ndarray, text: str, language: str | None, span: tuple[float, float]
+) -> list[Word] | None:
+    """The words of `text` timed in `samples` (16 kHz, the audio of `span`, [start, end] seconds of the
+    whole input), times in the input's; None when the aligner cannot serve it (why_not_aligned)."""
+    start, end = span
+    if why_not_aligned(aligner, text, language, end - start) is not None:
+        return None
+    return align_segments(aligner, [log_mel_spectrogram(samples)], [text], [language], [span])[0]
+
+
 def align(aligner: ASRModel, audio, text: str, language: str | None = None) -> list[Word]:
     """Time the words of `text` in `audio` (a path, a 16 kHz array or `(array, sample_rate)`; at most
     180 s). language: a name or code among the aligner's languages (default English)."""
@@ -189,6 +200,7 @@ __all__ = [
     "AlignerPrompt",
     "align",
     "align_segments",
+    "align_span",
     "aligner_languages",
     "aligner_prompt",
     "timestamp_classes",

@@ -600,11 +600,7 @@ class StreamingTranscriber:
             return ""
         ids = self.tokenizer.encode(rollback_prefix(self.tokenizer, raw, self.unfixed_tokens))
         now = self.tokenizer.encode(w.raw)
-        same = 0
-        for a, b in zip(ids, now):
-            if a != b:
-                break
-            same += 1
+        same = len(os.path.commonprefix([ids, now]))
         return rollback_prefix(
             self.tokenizer, self.tokenizer.decode(ids[:same], skip_special_tokens=False), 0
         )
