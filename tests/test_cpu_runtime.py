@@ -216,3 +216,192 @@ def test_the_code_path_follows_the_environment_and_use_path():
     assert chosen("GPU").stdout.split() == ["gpu", "bfloat16", "128", "cpu", "gpu"]
     wrong = chosen("metal")
     assert wrong.returncode != 0 and "MLX_QWEN3ASR_PATH='metal': must be cpu, gpu or auto" in wrong.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# bfloat16 copies of the weights for products of few rows
+
+
+def shadow_library() -> ctypes.CDLL:
+    library = forward_library()
+    p, long_ = ctypes.c_void_p, ctypes.c_long
+    library.gemv_forward_shadow.argtypes = [p, p, long_, long_]
+    library.gemv_forward_shadow.restype = ctypes.c_int
+    library.gemv_forward_unshadow.argtypes = [p]
+    library.gemv_forward_shadow_hits.restype = long_
+    library.gemv_forward_to_bf16.argtypes = [p, p, long_]
+    library.gemv_forward_to_bf16.restype = ctypes.c_int
+    return library
+
+
+def bfloat16_valued(shape, rng) -> np.ndarray:
+    """float32 values that are all bfloat16 (the low half of each float's bits zero)."""
+    x = rng.standard_normal(shape, dtype=np.float32)
+    return (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def sgemm_rows(library, w: np.ndarray, x: np.ndarray, weight_major: bool) -> np.ndarray:
+    """x @ w.T through cblas_sgemm, as MLX calls it for x @ w.T or (w @ x.T).T."""
+    m, k = w.shape
+    n = x.shape[0]
+    if weight_major:
+        c = np.full((m, n), np.nan, dtype=np.float32)
+        library.cblas_sgemm(
+            ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, k, 0.0, c.ctypes.data, n
+        )
+        return c.T.copy()
+    c = np.full((n, m), np.nan, dtype=np.float32)
+    library.cblas_sgemm(
+        ROW_MAJOR, NO_TRANS, TRANS, n, m, k, 1.0, x.ctypes.data, k, w.ctypes.data, k, 0.0, c.ctypes.data, m
+    )
+    return c
+
+
+@linux_only
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("m,k", [(40, 64), (33, 100), (300, 256), (9, 7)])
+@pytest.mark.parametrize("weight_major", [False, True])
+def test_a_bfloat16_copy_gives_the_same_sums(rows, m, k, weight_major):
+    """Products of 1 to 8 rows with a registered bfloat16 copy read the copy and equal, bit for bit,
+    the products with the float32 matrix (same values, same order of sums), in either orientation."""
+    library = shadow_library()
+    rng = np.random.default_rng(rows * 1000 + m + k)
+    w = bfloat16_valued((m, k), rng)
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    plain = sgemm_rows(library, w, x, weight_major)
+    copy = np.empty((m, k), dtype=np.uint16)
+    assert library.gemv_forward_to_bf16(w.ctypes.data, copy.ctypes.data, w.size) == 1
+    np.testing.assert_array_equal(copy, (w.view(np.uint32) >> 16).astype(np.uint16))
+    assert library.gemv_forward_shadow(w.ctypes.data, copy.ctypes.data, m, k) == 1
+    try:
+        hits = library.gemv_forward_shadow_hits()
+        shadowed = sgemm_rows(library, w, x, weight_major)
+        assert library.gemv_forward_shadow_hits() == hits + 1
+        np.testing.assert_array_equal(shadowed, plain)
+        np.testing.assert_allclose(shadowed, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+    finally:
+        library.gemv_forward_unshadow(w.ctypes.data)
+    hits = library.gemv_forward_shadow_hits()
+    sgemm_rows(library, w, x, weight_major)
+    assert library.gemv_forward_shadow_hits() == hits  # unregistered: float32 again
+
+
+@linux_only
+def test_a_copy_that_no_longer_matches_its_matrix_is_not_read():
+    """Each product checks values of the float32 matrix against the copy: memory that changed under
+    a registered address (or a copy of other values) is read as float32."""
+    library = shadow_library()
+    rng = np.random.default_rng(7)
+    w = bfloat16_valued((64, 48), rng)
+    x = rng.standard_normal((1, 48), dtype=np.float32)
+    wrong = (bfloat16_valued((64, 48), rng).view(np.uint32) >> 16).astype(np.uint16)
+    library.gemv_forward_shadow(w.ctypes.data, wrong.ctypes.data, 64, 48)
+    try:
+        hits = library.gemv_forward_shadow_hits()
+        got = sgemm_rows(library, w, x, weight_major=False)
+        assert library.gemv_forward_shadow_hits() == hits
+        np.testing.assert_allclose(got, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+        # a matrix registered with other columns, or read with a leading dimension, is not the copy
+        right = (w.view(np.uint32) >> 16).astype(np.uint16)
+        library.gemv_forward_shadow(w.ctypes.data, right.ctypes.data, 64, 32)
+        sgemm_rows(library, w, x, weight_major=False)
+        assert library.gemv_forward_shadow_hits() == hits
+    finally:
+        library.gemv_forward_unshadow(w.ctypes.data)
+
+
+@linux_only
+def test_float32_values_that_are_not_bfloat16_get_no_copy():
+    library = shadow_library()
+    w = bfloat16_valued((16, 16), np.random.default_rng(1))
+    w[5, 9] = np.float32(1.0) + np.float32(2.0**-20)
+    copy = np.empty((16, 16), dtype=np.uint16)
+    assert library.gemv_forward_to_bf16(w.ctypes.data, copy.ctypes.data, w.size) == 0
+
+
+@linux_only
+def test_shadow_bfloat16_registers_bfloat16_matrices_for_their_owner_s_lifetime():
+    """The package's registration: 2-D float32 arrays whose values are bfloat16, nothing else; MLX's
+    products of few rows then read the copies, with the same results; the copies go with the owner."""
+    import gc
+
+    import mlx.core as mx
+
+    if not _cpu.bfloat16_copies_on():
+        pytest.skip("the kernel for few rows is not loaded (no C compiler at install, or opted out)")
+
+    class Owner:
+        pass
+
+    rng = np.random.default_rng(2)
+    w = bfloat16_valued((48, 80), rng)
+    arrays = [
+        mx.array(w),
+        mx.array(rng.standard_normal((48, 80), dtype=np.float32)),  # not bfloat16 values
+        mx.array(w[0]),  # 1-D
+        mx.array(w).astype(mx.bfloat16),  # not float32
+    ]
+    mx.eval(arrays)
+    x = mx.array(rng.standard_normal((3, 80), dtype=np.float32))
+    with mx.stream(mx.cpu):
+        plain = np.array(x @ arrays[0].T)
+    owner = Owner()
+    before = len(_cpu._copies)
+    assert _cpu.shadow_bfloat16(owner, arrays) == 1
+    assert len(_cpu._copies) == before + 1
+    hits = _cpu.bfloat16_hits()
+    with mx.stream(mx.cpu):
+        shadowed = np.array(x @ arrays[0].T)
+    assert _cpu.bfloat16_hits() > hits
+    np.testing.assert_array_equal(shadowed, plain)
+    del owner
+    gc.collect()
+    assert len(_cpu._copies) == before
+
+
+@linux_only
+def test_bfloat16_copies_can_be_turned_off():
+    code = (
+        "import mlx_qwen3asr, sys\n"
+        "from mlx_qwen3asr.runtime import cpu\n"
+        "print(cpu.bfloat16_copies_on())"
+    )
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert on.stdout.split() == [str(_cpu.gemv_forward)]
+    env = dict(os.environ, MLX_QWEN3ASR_NO_BF16_COPIES="1")
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split() == ["False"]
+
+
+def test_a_loaded_model_decodes_the_same_with_and_without_its_bfloat16_copies(checkpoints):
+    """A model loaded from bfloat16 weights gets copies of its decoder's matrices (on the CPU, where the
+    kernel is built) and decodes the same tokens with the same log-probabilities without them."""
+    import mlx.core as mx
+
+    import mlx_qwen3asr
+    from mlx_qwen3asr.model.generate import greedy_generate
+
+    model = mlx_qwen3asr.load(checkpoints("tiny"))
+    net = model.net
+    decoder = [id(a) for a in _flat(net.model.parameters()) if a.ndim == 2]
+    registered = [a for a, _ in _cpu._copies.values() if id(a) in decoder]
+    assert len(registered) == (len(decoder) if _cpu.bfloat16_copies_on() else 0)
+    assert all(id(a) in decoder for a in registered)
+    mx.random.seed(3)
+    features = mx.random.normal((12, model.config.text_config.hidden_size))
+    prompt = [151644, 8948] + [net.config.audio_token_id] * 12 + [151645, 198]
+    hits = _cpu.bfloat16_hits()
+    first = greedy_generate(net, prompt, features, 12, frozenset())
+    assert (_cpu.bfloat16_hits() > hits) == bool(registered)
+    _cpu._unshadow(tuple(a for a, (array, _) in _cpu._copies.items() if id(array) in decoder))
+    hits = _cpu.bfloat16_hits()
+    second = greedy_generate(net, prompt, features, 12, frozenset())
+    assert _cpu.bfloat16_hits() == hits
+    assert first.tokens == second.tokens and len(first.tokens) == 12
+    assert first.logprobs == second.logprobs
+
+
+def _flat(tree) -> list:
+    from mlx.utils import tree_flatten
+
+    return [a for _, a in tree_flatten(tree)]
