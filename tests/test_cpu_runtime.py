@@ -247,7 +247,20 @@ def sgemm_rows(library, w: np.ndarray, x: np.ndarray, weight_major: bool) -> np.
     if weight_major:
         c = np.full((m, n), np.nan, dtype=np.float32)
         library.cblas_sgemm(
-            ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, k, 0.0, c.ctypes.data, n
+            ROW_MAJOR,
+            NO_TRANS,
+            TRANS,
+            m,
+            n,
+            k,
+            1.0,
+            w.ctypes.data,
+            k,
+            x.ctypes.data,
+            k,
+            0.0,
+            c.ctypes.data,
+            n,
         )
         return c.T.copy()
     c = np.full((n, m), np.nan, dtype=np.float32)
@@ -278,7 +291,9 @@ def test_a_bfloat16_copy_gives_the_same_sums(rows, m, k, weight_major):
         shadowed = sgemm_rows(library, w, x, weight_major)
         assert library.gemv_forward_shadow_hits() == hits + 1
         np.testing.assert_array_equal(shadowed, plain)
-        np.testing.assert_allclose(shadowed, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            shadowed, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4
+        )
     finally:
         library.gemv_forward_unshadow(w.ctypes.data)
     hits = library.gemv_forward_shadow_hits()
@@ -361,11 +376,7 @@ def test_shadow_bfloat16_registers_bfloat16_matrices_for_their_owner_s_lifetime(
 
 @linux_only
 def test_bfloat16_copies_can_be_turned_off():
-    code = (
-        "import mlx_qwen3asr, sys\n"
-        "from mlx_qwen3asr.runtime import cpu\n"
-        "print(cpu.bfloat16_copies_on())"
-    )
+    code = "import mlx_qwen3asr, sys\nfrom mlx_qwen3asr.runtime import cpu\nprint(cpu.bfloat16_copies_on())"
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert on.stdout.split() == [str(_cpu.gemv_forward)]
     env = dict(os.environ, MLX_QWEN3ASR_NO_BF16_COPIES="1")
