@@ -55,14 +55,16 @@ enum { MAX_SHADOWS = 8192 };
 static shadow_t shadows[MAX_SHADOWS];
 static int n_shadows = 0;
 static long shadow_hits = 0;
-static pthread_mutex_t shadow_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Products hold it to read (a copy stays mapped while one reads it); registering and dropping
+ * copies hold it to write. */
+static pthread_rwlock_t shadow_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 /* Register `bf16` (rows x cols, row-major, contiguous) as the copy of `f32`; the caller guarantees
  * that every float32 value is the widened bfloat16 and keeps both alive until gemv_forward_unshadow.
  * Returns 1, or 0 when the table is full. */
 int gemv_forward_shadow(const float *f32, const uint16_t *bf16, long rows, long cols) {
     int done = 0;
-    pthread_mutex_lock(&shadow_lock);
+    pthread_rwlock_wrlock(&shadow_lock);
     for (int i = 0; i < n_shadows && !done; i++) {
         if (shadows[i].f32 == f32) {
             shadows[i] = (shadow_t){f32, bf16, rows, cols};
@@ -73,19 +75,20 @@ int gemv_forward_shadow(const float *f32, const uint16_t *bf16, long rows, long 
         shadows[n_shadows++] = (shadow_t){f32, bf16, rows, cols};
         done = 1;
     }
-    pthread_mutex_unlock(&shadow_lock);
+    pthread_rwlock_unlock(&shadow_lock);
     return done;
 }
 
+/* Once it returns, no product reads the copy of `f32`: the caller may free it. */
 void gemv_forward_unshadow(const float *f32) {
-    pthread_mutex_lock(&shadow_lock);
+    pthread_rwlock_wrlock(&shadow_lock);
     for (int i = 0; i < n_shadows; i++) {
         if (shadows[i].f32 == f32) {
             shadows[i] = shadows[--n_shadows];
             break;
         }
     }
-    pthread_mutex_unlock(&shadow_lock);
+    pthread_rwlock_unlock(&shadow_lock);
 }
 
 /* dst[i] = the high half of src[i] for i < n; returns 1 when every src[i] is that bfloat16 widened
@@ -111,10 +114,11 @@ static inline uint32_t float_bits(float f) {
 }
 
 /* The bfloat16 copy of the m x k matrix at w (leading dimension ldw), or NULL: registered with those
- * rows and columns, and nine values spread over it equal to the copy's. */
+ * rows and columns, and nine values spread over it equal to the copy's. When it returns a copy, the
+ * caller holds the read lock and calls shadow_done() after reading it. */
 static const uint16_t *shadow_of(const float *w, int m, int k, int ldw) {
     const uint16_t *found = NULL;
-    pthread_mutex_lock(&shadow_lock);
+    pthread_rwlock_rdlock(&shadow_lock);
     for (int i = 0; i < n_shadows; i++) {
         const shadow_t *s = &shadows[i];
         if (s->f32 == w && s->cols == k && ldw == k && m <= s->rows) {
@@ -122,17 +126,21 @@ static const uint16_t *shadow_of(const float *w, int m, int k, int ldw) {
             break;
         }
     }
-    pthread_mutex_unlock(&shadow_lock);
-    if (found == NULL) return NULL;
-    for (int a = 0; a < 3; a++) {
-        for (int b = 0; b < 3; b++) {
+    for (int a = 0; a < 3 && found != NULL; a++) {
+        for (int b = 0; b < 3 && found != NULL; b++) {
             ptrdiff_t at = (ptrdiff_t)(a * (m - 1) / 2) * ldw + b * (k - 1) / 2;
-            if (float_bits(w[at]) != (uint32_t)found[at] << 16) return NULL;
+            if (float_bits(w[at]) != (uint32_t)found[at] << 16) found = NULL;
         }
+    }
+    if (found == NULL) {
+        pthread_rwlock_unlock(&shadow_lock);
+        return NULL;
     }
     __atomic_fetch_add(&shadow_hits, 1, __ATOMIC_RELAXED);
     return found;
 }
+
+static void shadow_done(void) { pthread_rwlock_unlock(&shadow_lock); }
 
 /* y = alpha * op(A) x + beta * y; with beta 0, y may hold anything (BLAS semantics), so clear it
  * rather than rely on the library never scaling garbage. */
@@ -312,6 +320,7 @@ static int few_rows(int n, int m, int k, float alpha, const float *w, int ldw, c
             case 7: few_rows_bf16_512_7(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
             default: few_rows_bf16_512_8(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
         }
+        shadow_done();
     } else if (h != NULL) {
         switch (n) {
             case 1: few_rows_bf16_1(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
@@ -323,6 +332,7 @@ static int few_rows(int n, int m, int k, float alpha, const float *w, int ldw, c
             case 7: few_rows_bf16_7(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
             default: few_rows_bf16_8(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
         }
+        shadow_done();
     } else {
         switch (n) {
             case 1: few_rows_1(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
