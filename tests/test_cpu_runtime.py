@@ -416,3 +416,21 @@ def _flat(tree) -> list:
     from mlx.utils import tree_flatten
 
     return [a for _, a in tree_flatten(tree)]
+
+
+@linux_only
+def test_no_memory_for_the_copies_leaves_the_model_on_float32(checkpoints, monkeypatch):
+    """Where the copies cannot be mapped, the model loads anyway and decodes on its float32 weights."""
+    import mlx_qwen3asr
+
+    if not _cpu.bfloat16_copies_on():
+        pytest.skip("the kernel for few rows is not loaded (no C compiler at install, or opted out)")
+
+    def no_memory(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(_cpu.mmap, "mmap", no_memory)
+    before = len(_cpu._copies)
+    model = mlx_qwen3asr.load(checkpoints("tiny"))
+    assert len(_cpu._copies) == before
+    assert model.net.model.layers[0].mlp.up_proj.weight.dtype.size == 4
