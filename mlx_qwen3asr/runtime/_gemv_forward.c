@@ -299,51 +299,33 @@ static int few_rows(int n, int m, int k, float alpha, const float *w, int ldw, c
         __builtin_cpu_init();
         supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
-    if (!supported) return 0;
+    if (!supported || n < 1 || n > MAX_FEW_ROWS) return 0;
     /* The x rows packed side by side, offset from 4 KiB multiples so they do not share L1 sets. */
     int ldx = (k + 15) / 16 * 16 + 16;
     if (ldx % 1024 == 0) ldx += 16;
     float *x = malloc(sizeof(float) * (size_t)ldx * n);
     if (x == NULL) return 0;
     for (int j = 0; j < n; j++) memcpy(x + (ptrdiff_t)j * ldx, x0 + (ptrdiff_t)j * ldx0, sizeof(float) * k);
-    const uint16_t *h = shadow_of(w, m, k, ldw);
+    typedef void (*f32_kernel)(int, int, float, const float *, int, const float *, int, float, float *,
+                               ptrdiff_t, ptrdiff_t);
+    typedef void (*bf16_kernel)(int, int, float, const uint16_t *, int, const float *, int, float,
+                                float *, ptrdiff_t, ptrdiff_t);
+    static const f32_kernel f32_kernels[MAX_FEW_ROWS] = {few_rows_1, few_rows_2, few_rows_3, few_rows_4,
+                                                         few_rows_5, few_rows_6, few_rows_7, few_rows_8};
+    static const bf16_kernel bf16_kernels[MAX_FEW_ROWS] = {
+        few_rows_bf16_1, few_rows_bf16_2, few_rows_bf16_3, few_rows_bf16_4,
+        few_rows_bf16_5, few_rows_bf16_6, few_rows_bf16_7, few_rows_bf16_8};
+    static const bf16_kernel bf16_512_kernels[MAX_FEW_ROWS] = {
+        few_rows_bf16_512_1, few_rows_bf16_512_2, few_rows_bf16_512_3, few_rows_bf16_512_4,
+        few_rows_bf16_512_5, few_rows_bf16_512_6, few_rows_bf16_512_7, few_rows_bf16_512_8};
     static int wide = -1;
     if (wide < 0) wide = __builtin_cpu_supports("avx512f");
-    if (h != NULL && wide) {
-        switch (n) {
-            case 1: few_rows_bf16_512_1(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 2: few_rows_bf16_512_2(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 3: few_rows_bf16_512_3(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 4: few_rows_bf16_512_4(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 5: few_rows_bf16_512_5(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 6: few_rows_bf16_512_6(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 7: few_rows_bf16_512_7(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            default: few_rows_bf16_512_8(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-        }
-        shadow_done();
-    } else if (h != NULL) {
-        switch (n) {
-            case 1: few_rows_bf16_1(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 2: few_rows_bf16_2(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 3: few_rows_bf16_3(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 4: few_rows_bf16_4(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 5: few_rows_bf16_5(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 6: few_rows_bf16_6(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            case 7: few_rows_bf16_7(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-            default: few_rows_bf16_8(m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs); break;
-        }
+    const uint16_t *h = shadow_of(w, m, k, ldw);
+    if (h != NULL) {
+        (wide ? bf16_512_kernels : bf16_kernels)[n - 1](m, k, alpha, h, ldw, x, ldx, beta, out, rs, cs);
         shadow_done();
     } else {
-        switch (n) {
-            case 1: few_rows_1(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            case 2: few_rows_2(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            case 3: few_rows_3(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            case 4: few_rows_4(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            case 5: few_rows_5(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            case 6: few_rows_6(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            case 7: few_rows_7(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-            default: few_rows_8(m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs); break;
-        }
+        f32_kernels[n - 1](m, k, alpha, w, ldw, x, ldx, beta, out, rs, cs);
     }
     free(x);
     return 1;
