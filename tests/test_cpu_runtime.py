@@ -434,3 +434,50 @@ def test_no_memory_for_the_copies_leaves_the_model_on_float32(checkpoints, monke
     model = mlx_qwen3asr.load(checkpoints("tiny"))
     assert len(_cpu._copies) == before
     assert model.net.model.layers[0].mlp.up_proj.weight.dtype.size == 4
+
+
+@linux_only
+def test_copies_registered_before_an_interrupt_go_with_their_owner(monkeypatch):
+    """Ctrl-C part way through the registration: the copies made so far stay readable and are dropped
+    with the owner, like the others."""
+    import gc
+
+    import mlx.core as mx
+
+    if not _cpu.bfloat16_copies_on():
+        pytest.skip("the kernel for few rows is not loaded (no C compiler at install, or opted out)")
+
+    class Owner:
+        pass
+
+    rng = np.random.default_rng(4)
+    arrays = [mx.array(bfloat16_valued((32, 64), rng)) for _ in range(4)]
+    mx.eval(arrays)
+    real = _cpu._forward.gemv_forward_to_bf16
+    calls = []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(_cpu._forward, "gemv_forward_to_bf16", interrupted)
+    owner = Owner()
+    before = len(_cpu._copies)
+    with pytest.raises(KeyboardInterrupt):
+        _cpu.shadow_bfloat16(owner, arrays)
+    assert len(_cpu._copies) == before + 2
+    x = mx.array(rng.standard_normal((1, 64), dtype=np.float32))
+    hits = _cpu.bfloat16_hits()
+    with mx.stream(mx.cpu):
+        got = np.array(x @ arrays[1].T)
+    assert _cpu.bfloat16_hits() == hits + 1
+    np.testing.assert_allclose(got, np.array(x) @ np.array(arrays[1]).T, rtol=1e-5, atol=1e-5)
+    del owner
+    gc.collect()
+    assert len(_cpu._copies) == before
+    hits = _cpu.bfloat16_hits()
+    with mx.stream(mx.cpu):
+        np.array(x @ arrays[1].T)
+    assert _cpu.bfloat16_hits() == hits

@@ -126,33 +126,38 @@ def shadow_bfloat16(owner: object, arrays) -> int:
         return 0
     import numpy as np
 
-    registered = []
-    for array in arrays:
-        if getattr(array, "ndim", 0) != 2 or str(getattr(array, "dtype", "")) != "mlx.core.float32":
-            continue
-        view = np.asarray(memoryview(array))
-        if not view.flags["C_CONTIGUOUS"] or view.size == 0:
-            continue
-        if np.any(view[0].view(np.uint32) & 0xFFFF):
-            continue  # float32 weights (not widened bfloat16): no copy, and no pass over them
-        # Its own private mapping, its pages made present in one call (MAP_POPULATE): far cheaper here
-        # than a page fault for each 4 KiB as the copy is written.
-        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_POPULATE", 0)
-        try:
-            buffer = mmap.mmap(-1, view.size * 2, flags=flags)
-        except OSError:  # no memory for it: this and the rest read float32
-            break
-        copy = np.frombuffer(buffer, dtype=np.uint16).reshape(view.shape)
-        if not _forward.gemv_forward_to_bf16(view.ctypes.data, copy.ctypes.data, view.size):
-            continue  # not every value is a bfloat16
-        address = view.__array_interface__["data"][0]
-        with _copies_lock:
-            if not _forward.gemv_forward_shadow(address, copy.ctypes.data, view.shape[0], view.shape[1]):
+    registered: list[int] = []
+    try:
+        for array in arrays:
+            if getattr(array, "ndim", 0) != 2 or str(getattr(array, "dtype", "")) != "mlx.core.float32":
+                continue
+            view = np.asarray(memoryview(array))
+            if not view.flags["C_CONTIGUOUS"] or view.size == 0:
+                continue
+            if np.any(view[0].view(np.uint32) & 0xFFFF):
+                continue  # float32 weights (not widened bfloat16): no copy, and no pass over them
+            # Its own private mapping, its pages made present in one call (MAP_POPULATE): far cheaper here
+            # than a page fault for each 4 KiB as the copy is written.
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_POPULATE", 0)
+            try:
+                buffer = mmap.mmap(-1, view.size * 2, flags=flags)
+            except OSError:  # no memory for it: this and the rest read float32
                 break
-            _copies[address] = (array, copy)
-        registered.append(address)
-    if registered:
-        weakref.finalize(owner, _unshadow, tuple(registered))
+            copy = np.frombuffer(buffer, dtype=np.uint16).reshape(view.shape)
+            if not _forward.gemv_forward_to_bf16(view.ctypes.data, copy.ctypes.data, view.size):
+                continue  # not every value is a bfloat16
+            address = view.__array_interface__["data"][0]
+            with _copies_lock:
+                # Kept (and listed for the owner) before the kernel can read it, whatever interrupts.
+                _copies[address] = (array, copy)
+                registered.append(address)
+                if not _forward.gemv_forward_shadow(address, copy.ctypes.data, view.shape[0], view.shape[1]):
+                    del _copies[address]  # the table is full
+                    registered.pop()
+                    break
+    finally:  # also when interrupted part way: what was registered goes with the owner
+        if registered:
+            weakref.finalize(owner, _unshadow, tuple(registered))
     return len(registered)
 
 
