@@ -17,8 +17,8 @@
  * only matrices whose every value is a bfloat16 are registered), so the products are the same sums
  * in the same order. Each call checks a few values of the float32 matrix against the copy.
  *
- * setuptools compiles this file on Linux when the package is installed; mlx_qwen3asr/_cpu.py loads
- * it with ctypes and hands it OpenBLAS's sgemm and sgemv.
+ * setuptools compiles this file on Linux when the package is installed; mlx_qwen3asr/runtime/cpu.py
+ * loads it with ctypes and hands it OpenBLAS's sgemm and sgemv.
  */
 
 #include <pthread.h>
