@@ -115,7 +115,7 @@ def _load_gemv_forward(openblas: ctypes.CDLL) -> None:
 
 def bfloat16_copies_on() -> bool:
     """Whether shadow_bfloat16 registers anything: the kernel for few rows is loaded, not opted out."""
-    return gemv_forward and _forward is not None and not _opted_out("MLX_QWEN3ASR_NO_BF16_COPIES")
+    return _forward is not None and not _opted_out("MLX_QWEN3ASR_NO_BF16_COPIES")
 
 
 def shadow_bfloat16(owner: object, arrays) -> int:
@@ -124,12 +124,13 @@ def shadow_bfloat16(owner: object, arrays) -> int:
     holds the arrays) is garbage-collected. Returns how many were registered (0 when off)."""
     if not bfloat16_copies_on():
         return 0
+    import mlx.core as mx  # imported by the caller already: this module loads before mlx
     import numpy as np
 
     registered: list[int] = []
     try:
         for array in arrays:
-            if getattr(array, "ndim", 0) != 2 or str(getattr(array, "dtype", "")) != "mlx.core.float32":
+            if not isinstance(array, mx.array) or array.ndim != 2 or array.dtype != mx.float32:
                 continue
             view = np.asarray(memoryview(array))
             if not view.flags["C_CONTIGUOUS"] or view.size == 0:
