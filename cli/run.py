@@ -185,8 +185,10 @@ def _run(
             remove_created(created)
             report.error("no output folder can be written; nothing was transcribed")
             return EXIT_USAGE
+        marked: list[FileJob] = []  # marks this run set (not those an earlier run left)
         if args.overwrite:  # until a file's outputs are replaced, a rerun without --overwrite redoes it
             replacing = {id(plan.job) for plan in plans if plan.replace}
+            marked = [job for job in todo if id(job) in replacing and not redo_pending(job)]
             resumable = all([mark_redo(job) for job in todo if id(job) in replacing])
         try:
             status = _transcribe_all(todo, args, options, report, summary)
@@ -196,7 +198,9 @@ def _run(
             status = EXIT_TERMINATED
         finally:
             report.stop()
-        if status == EXIT_USAGE:
+        if status == EXIT_USAGE:  # stopped before any file was transcribed: leave things as they were
+            for job in marked:
+                clear_redo(job)
             remove_created(created)
             return status
     summary.interrupted = status in (EXIT_INTERRUPTED, EXIT_TERMINATED)

@@ -922,6 +922,21 @@ def test_an_interrupted_overwrite_run_resumes_without_overwrite(tmp_path, ckpt, 
     assert "summary: 0 transcribed, 3 skipped, 0 failed" in capsys.readouterr().out
 
 
+def test_an_overwrite_run_stopped_by_a_usage_error_leaves_no_redo_mark(tmp_path, ckpt, capsys):
+    """--overwrite with a checkpoint of the wrong kind stops before any file is transcribed: no redo
+    mark stays behind, so a later run without --overwrite still skips an output edited by hand."""
+    audio = write_audio(tmp_path / "a.wav", 1.0, 1)
+    args = ["--no-vad", str(audio), "--txt", "--model", ckpt]
+    assert main(args) == 0
+    assert main([*args, "--word-timestamps", "--aligner", ckpt, "--overwrite"]) == 2
+    assert "word timing needs a Qwen3-ForcedAligner checkpoint" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    audio.with_suffix(".txt").write_text("edited by hand\n", encoding="utf-8")
+    assert main(args) == 0
+    assert "summary: 0 transcribed, 1 skipped, 0 failed" in capsys.readouterr().out
+    assert audio.with_suffix(".txt").read_text(encoding="utf-8") == "edited by hand\n"
+
+
 def test_an_interrupted_run_without_overwrite_says_rerun_to_resume(tmp_path, ckpt, capsys, monkeypatch):
     write_audio(tmp_path / "a.wav", 1.0, 1)
 
