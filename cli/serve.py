@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=number_in(TIMEOUT_RANGE, "seconds"),
         default=DEFAULT_BODY_TIMEOUT,
         metavar="S",
-        help="longest pause in a request body; then 408 and closed, the upload dropped "
-        f"(default: {DEFAULT_BODY_TIMEOUT:g})",
+        help="longest pause in a request body; then 408 and closed, the upload dropped (live WebSocket "
+        f"sessions have their own bounds instead) (default: {DEFAULT_BODY_TIMEOUT:g})",
     )
     p.add_argument(
         "--body-min-rate",

@@ -25,7 +25,7 @@ from websockets.sync.client import connect
 import mlx_qwen3asr
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.pipeline.parts import Parts
-from mlx_qwen3asr.serve.app import create_app, uvicorn_config
+from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
 from mlx_qwen3asr.serve.live import KEY_PROTOCOL, LIVE_PATH, LiveLimits
 
 KEY = "live-key-51c0"
@@ -496,11 +496,11 @@ def test_a_failing_live_step_ends_its_session_only(model, make):
 class Served:
     """The app run by uvicorn (as mlxasr serve runs it) on a free loopback port."""
 
-    def __init__(self, app: App):
+    def __init__(self, app: App, limits: ConnectionLimits | None = None):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"ws://127.0.0.1:{self.sock.getsockname()[1]}{LIVE_PATH}"
         self.server = uvicorn.Server(
-            uvicorn_config(app.app, log_level="warning", timeout_graceful_shutdown=2)
+            uvicorn_config(app.app, limits, log_level="warning", timeout_graceful_shutdown=2)
         )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
@@ -540,6 +540,59 @@ def test_over_a_real_server(model, make):
             with pytest.raises(ConnectionClosed):
                 ws.recv(timeout=30)
             assert ws.close_code == 1007
+    finally:
+        served.stop()
+
+
+class Listener:
+    """Every event a websockets client receives, on a thread, until the server closes the connection."""
+
+    def __init__(self, ws):
+        self.ws, self.events, self.closed_at = ws, [], None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        try:
+            while True:
+                self.events.append(json.loads(self.ws.recv(timeout=DEADLINE)))
+        except (ConnectionClosed, TimeoutError):
+            self.closed_at = time.monotonic()
+
+    def join(self, seconds: float) -> None:
+        self.thread.join(timeout=seconds)
+        assert not self.thread.is_alive(), f"the connection was still open after {seconds:g} s"
+
+
+def test_a_live_session_outlives_the_body_timeout(make):
+    """The HTTP body deadline does not apply to a WebSocket: a client streaming at real time in 100 ms
+    frames for twice the body timeout (and past the idle timeout) keeps its session; then, silent, it
+    gets the idle timeout's event and close code, not a dropped connection."""
+    body_timeout, idle = 1.0, 1.5
+    app = make(replace(LIMITS, idle_timeout=idle))
+    served = Served(app, ConnectionLimits(header_timeout=body_timeout, body_timeout=body_timeout))
+    try:
+        with connect(served.url, additional_headers=auth(), open_timeout=30, close_timeout=10) as ws:
+            assert json.loads(ws.recv(timeout=30))["type"] == "transcription_session.created"
+            listener = Listener(ws)
+            start = time.monotonic()
+            for i, piece in enumerate(frames(signal(2.5 * body_timeout, seed=13), seconds=0.1)):
+                time.sleep(max(0.0, start + 0.1 * i - time.monotonic()))
+                assert listener.closed_at is None, (
+                    f"the connection was closed {time.monotonic() - start:.1f} s in"
+                )
+                ws.send(piece)
+            last = time.monotonic()
+            listener.join(idle + DEADLINE)
+            code = ws.close_code
+        events = listener.events
+        assert last - start >= 2 * body_timeout
+        assert any(e["type"].endswith(".delta") for e in events)
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["idle_timeout"]
+        assert events[-1]["type"] == "error"
+        assert code == 1008
+        assert listener.closed_at - last >= idle - 0.2
+        wait_for(lambda: app.active == 0, "the session slot was not freed")
     finally:
         served.stop()
 

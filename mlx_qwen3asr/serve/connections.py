@@ -31,7 +31,8 @@ class ConnectionLimits:
 
     header_timeout: seconds from the connection opening (or the previous answer) to the end of the
     request's headers; a connection that sent part of them then gets 408, one that sent nothing is
-    closed. body_timeout: the longest pause in a request body; and after its first body_timeout seconds
+    closed. body_timeout: the longest pause in a request body (an HTTP one: a connection upgraded to a
+    WebSocket has no deadline here); and after its first body_timeout seconds
     the body must average body_min_rate bytes a second. A body that stalls gets 408 (if nothing was
     answered yet) and the connection closes; its request sees its client gone (its upload is removed).
     max_connections: connections past this many get 503 and are closed.
@@ -70,6 +71,7 @@ def http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._head_bytes = 0
             self._body_start = self._body_last = 0.0
             self._body_bytes = 0
+            self._upgraded = False  # handed over to a WebSocket: no deadline of ours applies any more
             if len(self.connections) > limits.max_connections:
                 log.warning("refused a connection: %d are open", len(self.connections))
                 self.app = _too_many_connections(limits.max_connections)
@@ -94,6 +96,15 @@ def http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             super().on_response_complete()
             self._track()
 
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            # The connection now belongs to the WebSocket protocol (this one receives nothing more):
+            # its request has no body to wait for, and a live session ends by its own rules
+            # (serve/live.py), never by the deadlines of an HTTP request.
+            self._upgraded = True
+            self._phase = None
+            self._cancel()
+            super().handle_websocket_upgrade(event)
+
         # -- deadlines --
 
         def _cancel(self) -> None:
@@ -103,7 +114,7 @@ def http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def _track(self, rearm: bool = False) -> None:
             """Sets the deadline that fits where the request stands."""
-            if self.transport is None or self.transport.is_closing():
+            if self._upgraded or self.transport is None or self.transport.is_closing():
                 self._cancel()
                 return
             state = self.conn.their_state
