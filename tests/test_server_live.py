@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import socket
 import threading
 import time
@@ -348,6 +349,8 @@ def transcribed_alone(app: App, wav: bytes) -> str:
     ("frame", "code", "close"),
     [
         ("{not json", "invalid_json", 1007),
+        ("[" * 60_000, "invalid_json", 1007),  # nested past the parser's recursion limit
+        ('{"a": ' * 10_000, "invalid_json", 1007),
         ('["a list"]', "invalid_event", 1007),
         ('{"type": "input_audio_buffer.append", "audio": "@@not base64@@"}', "invalid_audio", 1007),
         (append(b"\x01\x02\x03"), "invalid_audio", 1007),
@@ -361,8 +364,9 @@ def transcribed_alone(app: App, wav: bytes) -> str:
         (b"\x00" * (64 * 1024 + 2), "frame_too_large", 1009),
     ],
 )
-def test_bad_frames_end_only_their_session(model, make, frame, code, close):
+def test_bad_frames_end_only_their_session(model, make, caplog, frame, code, close):
     app = make(replace(LIMITS, max_frame_bytes=64 * 1024))
+    caplog.set_level(logging.INFO, logger="mlx_qwen3asr.serve")
     data = frames(signal(1.2, seed=5))
     with client(app) as c:
         with c.websocket_connect(URL, headers=auth()) as ws:
@@ -378,6 +382,9 @@ def test_bad_frames_end_only_their_session(model, make, frame, code, close):
         assert events[-1] is errors[0]
         assert got == close
         wait_for(lambda: app.active == 0, "the session slot was not freed")
+        # The client's fault: one line in the log, no error and no traceback.
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info] == []
+        assert any(code in r.getMessage() for r in caplog.records)
         # The next client is served, live and over HTTP.
         with c.websocket_connect(URL, headers=auth()) as ws:
             ws.receive_json()

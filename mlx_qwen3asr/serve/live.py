@@ -247,7 +247,7 @@ class _Session:
     async def _event(self, text: str) -> None:
         try:
             event = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             raise LiveError("invalid_json", "a text frame is not a JSON object", CLOSE_INVALID_DATA) from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             raise LiveError(
