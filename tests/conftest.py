@@ -49,16 +49,6 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(params=["cpu", "gpu"])
-def code_path(request):
-    """Run the test on each code path: the CPU backend's kernels, and exactly the branches a GPU takes
-    (MLX's fused kernels; mlx_qwen3asr.runtime.backend)."""
-    from mlx_qwen3asr.runtime.backend import use_path
-
-    with use_path(request.param):
-        yield request.param
-
-
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, tokenizer_dir):
     """Random-weight checkpoints exactly as published (tools/make_checkpoint.py), built once per preset

@@ -38,7 +38,7 @@ def our_classes(aligner, wavs, word_lists, keep_logits=False):
 
 @pytest.mark.parametrize("preset", ["aligner-tiny", "aligner"])
 @pytest.mark.parametrize("seconds", [1.0, 8.1, 30.0, 170.0])
-def test_timestamp_classes_match_official(checkpoints, measurements, preset, seconds, code_path):
+def test_timestamp_classes_match_official(checkpoints, measurements, preset, seconds):
     official, ours = pair(checkpoints, preset)
     wav = test_signal(seconds, seed=int(seconds * 10))
     words = ENGLISH * max(1, int(seconds // 10))
@@ -50,7 +50,7 @@ def test_timestamp_classes_match_official(checkpoints, measurements, preset, sec
     assert classes.tolist() == expected.tolist()
     diff = max_abs(ours_logits, logits)
     measurements.append(
-        f"{code_path} path aligner {preset:>12} {seconds:5.1f}s  {len(words)} words: timestamp classes identical, "
+        f"aligner {preset:>12} {seconds:5.1f}s  {len(words)} words: timestamp classes identical, "
         f"logits max-abs {diff:.1e}"
     )
 

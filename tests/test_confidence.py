@@ -95,7 +95,9 @@ def test_the_header_ids_are_the_vocabulary_s(pair):
 
 
 def test_avg_logprob_is_the_official_mean_log_softmax_of_the_greedy_tokens(
-    pair, detected, features, code_path
+    pair,
+    detected,
+    features,
 ):
     _, ours = pair
     prompt = build_prompt_ids(ours.tokenizer, int(features.shape[0]))
@@ -115,7 +117,7 @@ def test_avg_logprob_is_the_official_mean_log_softmax_of_the_greedy_tokens(
     assert seg.avg_logprob == pytest.approx(float(np.mean(expected[text_from:])), abs=1e-3)
 
 
-def test_no_speech_prob_where_the_model_names_the_language(pair, detected, features, code_path):
+def test_no_speech_prob_where_the_model_names_the_language(pair, detected, features):
     """Random weights never write "language" first: the model's own first token stands in for it here,
     so the step after it is where the probability of " None" is read."""
     _, ours = pair
@@ -133,7 +135,7 @@ def test_no_speech_prob_where_the_model_names_the_language(pair, detected, featu
     assert decoded_segment(ours.tokenizer, plain, Span(0, len(WAV)), None).no_speech_prob == 0.0
 
 
-def test_a_forced_language_takes_no_speech_prob_from_the_prompt(pair, features, code_path):
+def test_a_forced_language_takes_no_speech_prob_from_the_prompt(pair, features):
     ref, ours = pair
     forced = ref.run(WAV, language="English", steps=8)
     prompt = build_prompt_ids(ours.tokenizer, int(features.shape[0]), language="English")
@@ -154,7 +156,7 @@ def test_a_forced_language_takes_no_speech_prob_from_the_prompt(pair, features, 
     assert seg.no_speech_prob == gen.no_speech_prob
 
 
-def test_each_row_of_a_batch_gets_what_it_gets_alone(pair, code_path):
+def test_each_row_of_a_batch_gets_what_it_gets_alone(pair):
     _, ours = pair
     tok = ours.tokenizer
     rng = np.random.default_rng(3)

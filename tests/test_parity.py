@@ -56,7 +56,7 @@ def _release_models():
 
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("seconds", SECONDS)
-def test_stages_match_official(checkpoints, measurements, preset, seconds, code_path):
+def test_stages_match_official(checkpoints, measurements, preset, seconds):
     ref, ours = pair(checkpoints, preset)
     run = reference_run(checkpoints, preset, seconds)
     wav = test_signal(seconds, seed=int(seconds * 10))
@@ -89,7 +89,7 @@ def test_stages_match_official(checkpoints, measurements, preset, seconds, code_
     step_cos = min(cosine(ours_logits[i], run.step_logits[i]) for i in range(steps))
     assert step_cos >= 0.9999
     measurements.append(
-        f"{code_path} path {preset:>5} {seconds:5.1f}s  mel max-abs {mel_diff:.1e} | encoder cos {enc_cos:.7f} max-abs "
+        f"{preset:>5} {seconds:5.1f}s  mel max-abs {mel_diff:.1e} | encoder cos {enc_cos:.7f} max-abs "
         f"{enc_diff:.1e} | prefill logits cos {logit_cos:.7f} max-abs {logit_diff:.1e} | "
         f"greedy ids {sum(a == b for a, b in zip(gen.tokens, expected))}/{len(expected)} equal, "
         f"worst step cos {step_cos:.6f}"
@@ -107,28 +107,22 @@ def test_the_window_mask_changes_the_reference_past_8_seconds(checkpoints, prese
     assert max_abs(ours_out, unwindowed) > 1e-2
 
 
-# bfloat16 and float16 run on the GPU path (the CPU path's kernels are float32 only): each stage against
-# the official float32 run, by cosine.
+# bfloat16 and float16: each stage against the official float32 run, by cosine.
 HALF_MIN_COSINE = {"encoder": 0.995, "prefill logits": 0.99}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_on_the_gpu_path_follows_official(checkpoints, measurements, dtype):
-    from mlx_qwen3asr.runtime.backend import use_path
-
+def test_half_precision_follows_official(checkpoints, measurements, dtype):
     ref, _ = pair(checkpoints, "tiny")
     run = reference_run(checkpoints, "tiny", 7.9)
     ours = mlx_qwen3asr.load(checkpoints("tiny"), dtype=dtype)
-    with use_path("gpu"):
-        cfg = ours.config.audio_config
-        enc = ours.net.audio_tower(encoder_batch([run.mel], cfg, ours.dtype))
-        prompt = build_prompt_ids(ours.tokenizer, enc.shape[0])
-        gen = greedy_generate(ours.net, prompt, enc, 4, EOS, keep_logits=True)
+    cfg = ours.config.audio_config
+    enc = ours.net.audio_tower(encoder_batch([run.mel], cfg, ours.dtype))
+    prompt = build_prompt_ids(ours.tokenizer, enc.shape[0])
+    gen = greedy_generate(ours.net, prompt, enc, 4, EOS, keep_logits=True)
     enc = np.array(enc.astype(mx.float32))
     logits = np.array(gen.logits[0].astype(mx.float32))
     figures = {"encoder": cosine(enc, run.encoder), "prefill logits": cosine(logits, run.prefill_logits)}
-    measurements.append(
-        f"gpu path {dtype} tiny 7.9s: " + ", ".join(f"{k} cos {v:.5f}" for k, v in figures.items())
-    )
+    measurements.append(f"{dtype} tiny 7.9s: " + ", ".join(f"{k} cos {v:.5f}" for k, v in figures.items()))
     for stage, value in figures.items():
         assert value >= HALF_MIN_COSINE[stage], (stage, value)

@@ -179,7 +179,7 @@ def check_rollback_was_exercised(official, adapter, tokenizer):
     assert any(len(tokenizer.encode(p)) >= 3 for p in prefixes[2:])
 
 
-def test_parity_chunk_by_chunk(model, reference, processors, measurements, code_path):
+def test_parity_chunk_by_chunk(model, reference, processors, measurements):
     audio = test_signal(9.0, seed=3)
     state, ours, adapter = run_both(model, reference, processors["qwen"], audio, [CHUNK] * 4 + [SR])
     assert len(adapter.prompt_ids) == 5  # four chunks and the tail
@@ -189,7 +189,7 @@ def test_parity_chunk_by_chunk(model, reference, processors, measurements, code_
     check_rollback_was_exercised(prompt_raw, adapter, model.tokenizer)
     prefix_tokens = [len(model.tokenizer.encode(p[len(prompt_raw) :])) for p in adapter.prompts]
     measurements.append(
-        f"streaming parity {code_path} path tiny 9.0 s: 5 decodes equal (language, text, prompt ids); prefix tokens per "
+        f"streaming parity tiny 9.0 s: 5 decodes equal (language, text, prompt ids); prefix tokens per "
         f"decode {prefix_tokens}, final raw {raw_tokens} tokens"
     )
     # The official step re-encodes everything from the start.

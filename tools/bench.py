@@ -55,7 +55,6 @@ from mlx_qwen3asr.pipeline.encoding import encode_segments  # noqa: E402
 from mlx_qwen3asr.pipeline.inputs import InputOptions  # noqa: E402
 from mlx_qwen3asr.pipeline.parts import Parts  # noqa: E402
 from mlx_qwen3asr.pipeline.scheduler import Scheduler  # noqa: E402
-from mlx_qwen3asr.runtime import backend  # noqa: E402
 from mlx_qwen3asr.runtime import cpu as _cpu  # noqa: E402
 from mlx_qwen3asr.runtime.backend import tuning  # noqa: E402
 from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
@@ -325,16 +324,6 @@ def memory_bandwidth() -> float:
         return a.nbytes / _best_seconds(lambda: list(pool.map(np.sum, parts)))
 
 
-def gemv_bandwidth() -> float:
-    """Bytes per second a float32 matrix-vector product streams: numpy's BLAS over a 1 GiB matrix, best of 5.
-
-    What a decode step of one row could reach if every product ran at the speed of one large sgemv.
-    """
-    a = np.ones((1 << 18, 1024), dtype=np.float32)
-    x = np.ones(1024, dtype=np.float32)
-    return a.nbytes / _best_seconds(lambda: a @ x)
-
-
 def decoder_bytes(model) -> int:
     """Bytes one decode step reads: the decoder's weights and the vocabulary head."""
     from mlx.utils import tree_flatten
@@ -366,13 +355,11 @@ def run_peer(
     budget: Budget,
     mode: str,
     runs: int,
-    gemv_forward: bool = False,
 ) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [python, str(REPO_ROOT / "tools" / "peers.py"), "--peer", peer, "--model", str(model)]
     cmd += budget.peer_args() + ["--mode", mode, "--runs", str(runs), "--json", str(out)]
-    cmd += ["--gemv-forward"] if gemv_forward else []
     cmd += [str(p) for p in paths]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 1) or not out.exists() or out.stat().st_size == 0:
@@ -521,8 +508,7 @@ def summarize(mode: str, audio_seconds: float, runs: list[Run], load_s: float) -
 def markdown(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}; mlx {report['mlx']} ({report['device']}); dtype {report['dtype']}; "
-        f"OpenBLAS: {report['openblas'] or 'no'}"
-        + (" (products of 1-8 rows in our kernel)" if report.get("gemv_forward") else ""),
+        f"OpenBLAS: {report['openblas'] or 'no'}",
         f"model: {report['model']}; {report['budget']}; medians of {report['runs']} runs",
         "",
         "| mode | audio | segments (rows per batch) | load s | audio decode s | mel s | encoder s | prefill s | decode s | ms/token | wall s "
@@ -552,8 +538,6 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"\nbandwidth floor per step: {floor:.1f} ms ({report['decoder_mb']:.0f} MB of decoder weights at "
                 f"{report['bandwidth_gbs']:.1f} GB/s); batch-1 step = {one / floor:.2f}x the floor"
-                f"\nmatrix-vector floor: {report['gemv_floor_ms']:.1f} ms (one sgemv over 1 GiB streams "
-                f"{report['gemv_gbs']:.1f} GB/s here); batch-1 step = {one / report['gemv_floor_ms']:.2f}x that"
             )
     if report.get("encoder_s_per_audio_s"):
         cells = ", ".join(
@@ -804,11 +788,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-python", default=sys.executable, help="python of an environment with the peers")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument(
-        "--peers-gemv-forward",
-        action="store_true",
-        help="give the peers our kernel for products of 1-8 rows too (default: they run without it)",
-    )
-    ap.add_argument(
         "--peer-results",
         nargs="*",
         default=[],
@@ -821,15 +800,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run each mode with every batch closed until its last row ends (no rows joining)",
     )
-    ap.add_argument(
-        "--paths",
-        default=None,
-        help="code paths to time, comma-separated: cpu (the CPU backend's kernels), gpu (MLX's fused "
-        "kernels, as on a Mac; mlx_qwen3asr.runtime.backend) (default: the device's own path)",
-    )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
-    args.paths = args.paths or backend.path()
 
     if args.mode == "align":
         with tempfile.TemporaryDirectory(prefix="bench-align-") as tmp:
@@ -898,7 +870,6 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(mx.default_device()),
         "dtype": str(model.dtype).replace("mlx.core.", ""),
         "openblas": _cpu.loaded,
-        "gemv_forward": _cpu.gemv_forward,
         "malloc_tuned": _cpu.malloc_tuned,
         "model": str(model_path),
         "budget": budget.describe(),
@@ -913,21 +884,12 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             paths = write_audio(Path(tmp) / mode, mode, args)
             seconds = sum(sf.info(p).duration for p in paths)
+            run_ours(model, paths[:1], Budget(new_tokens=4), args.batch_size)  # warm-up
             runs = []
-            for code_path in args.paths.split(","):
-                # The GPU path on a CPU: the branches a Mac takes (MLX's fused kernels), timed here.
-                with backend.use_path(code_path):
-                    run_ours(model, paths[:1], Budget(new_tokens=4), args.batch_size)  # warm-up
-                    these = []
-                    for i in range(args.runs):
-                        these.append(run_ours(model, paths, budget, args.batch_size))
-                        print(
-                            f"{mode}, {code_path} path, run {i + 1}: {these[-1].wall_s:.2f} s",
-                            file=sys.stderr,
-                        )
-                name = mode if code_path == backend.path() else f"{mode} ({code_path} path)"
-                report["modes"].append(summarize(name, seconds, these, load_s))
-                runs = runs or these
+            for i in range(args.runs):
+                runs.append(run_ours(model, paths, budget, args.batch_size))
+                print(f"{mode}, run {i + 1}: {runs[-1].wall_s:.2f} s", file=sys.stderr)
+            report["modes"].append(summarize(mode, seconds, runs, load_s))
             if args.compare_batching:
                 closed = []
                 for i in range(args.runs):
@@ -960,7 +922,6 @@ def main(argv: list[str] | None = None) -> int:
                         budget,
                         mode,
                         args.peer_runs or args.runs,
-                        args.peers_gemv_forward,
                     )
                     result["mode"] = mode
                     report["peers"].append(result)
@@ -972,12 +933,10 @@ def main(argv: list[str] | None = None) -> int:
             str(b): ms for b, ms in decode_sweep(model, sizes, args.sweep_steps).items()
         }
         weights = decoder_bytes(model)
-        bandwidth, streamed = memory_bandwidth(), gemv_bandwidth()
+        bandwidth = memory_bandwidth()
         report["decoder_mb"] = weights / 1e6
         report["bandwidth_gbs"] = bandwidth / 1e9
         report["bandwidth_floor_ms"] = 1000 * weights / bandwidth
-        report["gemv_gbs"] = streamed / 1e9
-        report["gemv_floor_ms"] = 1000 * weights / streamed
     if args.encoder_seconds:
         lengths = [float(s) for s in args.encoder_seconds.split(",")]
         report["encoder_s_per_audio_s"] = {str(k): v for k, v in encoder_scaling(model, lengths).items()}

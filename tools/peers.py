@@ -24,15 +24,12 @@ Modes only choose the peer's entry point and batching:
 
 The process gets the same CPU setup as ours (mlx_qwen3asr/runtime/cpu.py): OpenBLAS loaded globally before
 mlx is imported (MLX's CPU matmul is only fast with it) and glibc malloc keeping freed blocks for reuse.
-Both are process settings, not model code, so the peers run with them too. Our kernel for products of
-1 to 8 rows (mlx_qwen3asr/runtime/_gemv_forward.c) is this project's own code, so the peers
-run without it unless --gemv-forward is given.
+Both are process settings, not model code, so the peers run with them too.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -48,8 +45,6 @@ def _load_cpu_module():
     return module
 
 
-if "--gemv-forward" not in sys.argv[1:]:
-    os.environ["MLX_QWEN3ASR_NO_GEMV_FORWARD"] = "1"
 _cpu = _load_cpu_module()
 BLAS_LOADED = _cpu.preload_openblas()
 MALLOC_TUNED = _cpu.tune_malloc()
@@ -517,7 +512,6 @@ def run_peer(
     STATE.reset()
     notes: list[str] = [
         f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}",
-        f"products of 1-8 rows in our kernel: {_cpu.gemv_forward}",
         f"malloc tuned: {MALLOC_TUNED}",
     ]
 
@@ -601,11 +595,6 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size", type=int, default=8, help="mlx-audio segments per batch (file/folder)"
     )
     parser.add_argument("--no-stages", action="store_true", help="skip the stage timers")
-    parser.add_argument(
-        "--gemv-forward",
-        action="store_true",
-        help="give the peer our kernel for products of 1-8 rows (read before argument parsing)",
-    )
     parser.add_argument("--json", help="write the result here (default: stdout)")
     parser.add_argument("audio", nargs="+")
     args = parser.parse_args(argv)

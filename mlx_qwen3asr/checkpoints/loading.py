@@ -24,8 +24,7 @@ from mlx_qwen3asr.checkpoints.layouts import LayoutError, check_model_type, norm
 from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 from mlx_qwen3asr.model.config import ConfigError, ModelConfig
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
-from mlx_qwen3asr.runtime.backend import tuning
-from mlx_qwen3asr.runtime.cpu import shadow_bfloat16
+from mlx_qwen3asr.runtime.backend import default_dtype_name
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -75,9 +74,9 @@ def require_kind(model: ASRModel, kind: str) -> None:
 
 
 def default_dtype() -> mx.Dtype:
-    """The path's dtype (backend.Tuning): float32 on the CPU, whose bfloat16 products are slow;
-    bfloat16, as the checkpoints are published, on a GPU."""
-    return getattr(mx, tuning().dtype)
+    """float32 on MLX's CPU backend, whose bfloat16 products are slow; bfloat16, as the checkpoints are
+    published, on a GPU (runtime/backend.py)."""
+    return getattr(mx, default_dtype_name())
 
 
 def parse_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype:
@@ -327,11 +326,6 @@ def load(path_or_repo: str | Path, dtype: str | mx.Dtype | None = None) -> ASRMo
     net.load_weights(list(weights.items()), strict=True)
     net.set_dtype(compute_dtype, predicate=lambda d: mx.issubdtype(d, mx.floating))
     mx.eval(net.parameters())
-    if config.kind == "asr":
-        # Decoding streams the decoder's weights every step: on the CPU, bfloat16 copies of float32
-        # weights that hold bfloat16 values halve the bytes (runtime/cpu.py; nothing elsewhere).
-        head = [net.lm_head.weight] if "lm_head" in net else []
-        shadow_bfloat16(net, [w for _, w in tree_flatten(net.model.parameters())] + head)
     try:
         tokenizer = Tokenizer.from_dir(path)
     except (OSError, ValueError) as e:

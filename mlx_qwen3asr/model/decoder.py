@@ -2,7 +2,9 @@
 
 Module names follow the checkpoint's keys (`model.*`), so loading needs no renaming beyond
 Qwen3ASR.sanitize. Every call takes `(x, mask, cache)`: the cache (model/cache.py) knows each row's
-positions and padding and so gives the mask when none is passed.
+positions and padding and so gives the mask when none is passed. Every operation is one of MLX's own
+(nn.Linear or nn.QuantizedLinear, mx.fast.rms_norm, mx.fast.rope, mx.fast.scaled_dot_product_attention,
+nn.silu), the same on every device.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import mlx.nn as nn
 
 from mlx_qwen3asr.model.cache import KVCache, causal
 from mlx_qwen3asr.model.config import TextConfig
-from mlx_qwen3asr.model.ops import Linear, attention, attention_with_prefix, silu
 
 
 class Attention(nn.Module):
@@ -23,10 +24,10 @@ class Attention(nn.Module):
         self.n_kv_heads = config.num_key_value_heads
         self.scale = hd**-0.5
         bias = config.attention_bias
-        self.q_proj = Linear(h, self.n_heads * hd, bias=bias)
-        self.k_proj = Linear(h, self.n_kv_heads * hd, bias=bias)
-        self.v_proj = Linear(h, self.n_kv_heads * hd, bias=bias)
-        self.o_proj = Linear(self.n_heads * hd, h, bias=bias)
+        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=bias)
         self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         # MRoPE with identical temporal/height/width positions (text and audio) is plain NeoX RoPE.
@@ -42,10 +43,7 @@ class Attention(nn.Module):
         k = self.rope(k, offset=offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        if cache is not None and cache.prefix is not None:
-            out = attention_with_prefix(q, *cache.prefix, k, v, self.scale, mask)
-        else:
-            out = attention(q, k, v, self.scale, mask)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
@@ -53,12 +51,12 @@ class MLP(nn.Module):
     def __init__(self, config: TextConfig):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = Linear(h, i, bias=False)
-        self.up_proj = Linear(h, i, bias=False)
-        self.down_proj = Linear(i, h, bias=False)
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):

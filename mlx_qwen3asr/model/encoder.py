@@ -13,7 +13,6 @@ import mlx.nn as nn
 import numpy as np
 
 from mlx_qwen3asr.model.config import AudioConfig, conv_output_length
-from mlx_qwen3asr.model.ops import attention, gelu
 
 
 @dataclass
@@ -70,7 +69,7 @@ class AudioAttention(nn.Module):
 
         q, k, v = windows(self.q_proj(x)), windows(self.k_proj(x)), windows(self.v_proj(x))
         mask = None if batch.key_mask is None else batch.key_mask[:, None, None, :]
-        out = attention(q, k, v, self.scale, mask)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(-1, D)[batch.gather]
         return self.out_proj(out)
 
@@ -87,7 +86,7 @@ class AudioEncoderLayer(nn.Module):
 
     def __call__(self, x: mx.array, batch: EncoderBatch) -> mx.array:
         x = x + self.self_attn(self.self_attn_layer_norm(x), batch)
-        return x + self.fc2(gelu(self.fc1(self.final_layer_norm(x))))
+        return x + self.fc2(nn.gelu(self.fc1(self.final_layer_norm(x))))
 
 
 class AudioEncoder(nn.Module):
@@ -110,9 +109,9 @@ class AudioEncoder(nn.Module):
 
     def embed_chunks(self, chunks: mx.array) -> mx.array:
         """(N, n_mels, frames, 1) mel chunks -> (N, tokens_per_chunk, d_model)."""
-        x = gelu(self.conv2d1(chunks))
-        x = gelu(self.conv2d2(x))
-        x = gelu(self.conv2d3(x))
+        x = nn.gelu(self.conv2d1(chunks))
+        x = nn.gelu(self.conv2d2(x))
+        x = nn.gelu(self.conv2d3(x))
         N, F, T, C = x.shape
         # The reference flattens (channel, freq) with channel major.
         x = self.conv_out(x.transpose(0, 2, 3, 1).reshape(N, T, C * F))
@@ -124,7 +123,7 @@ class AudioEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, batch)
         x = self.ln_post(x)
-        return self.proj2(gelu(self.proj1(x)))
+        return self.proj2(nn.gelu(self.proj1(x)))
 
     def __call__(self, batch: EncoderBatch) -> mx.array:
         """Encode a batch of segments; returns (T, output_dim), segments one after another."""

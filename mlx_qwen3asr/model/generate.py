@@ -26,6 +26,9 @@ LOOP_CHECK_EVERY = 16
 # Query positions per prefill call: bounds the attention scores of long prompts (a long context) to
 # rows x heads x PREFILL_CHUNK x keys instead of a square of the prompt length per layer.
 PREFILL_CHUNK = 512
+# MLX keeps freed buffers for reuse; decoding releases them this often (and after every join), so the
+# cache holds one step's worth rather than everything a long run ever freed.
+CLEAR_CACHE_EVERY = 256
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def prefill_prefix(net: Qwen3ASR, ids: Sequence[int]) -> Prefix:
     cache = net.make_cache()
     for _ in prefill_chunks(net, net.model.embed_tokens(mx.array([ids], dtype=mx.int32)), cache):
         pass
-    layers = [(c.keys[..., : c.offset, :], c.values[..., : c.offset, :]) for c in cache]
+    layers = [c.held() for c in cache]
     mx.eval(layers)
     return Prefix(ids, layers)
 
@@ -107,13 +110,7 @@ def extend_prefix(
     cache = net.make_cache(prefix.layers)
     for _ in prefill_chunks(net, embeds, cache):
         pass
-    layers = [
-        (
-            mx.concatenate([k, c.keys[..., : c.offset, :]], axis=2),
-            mx.concatenate([v, c.values[..., : c.offset, :]], axis=2),
-        )
-        for (k, v), c in zip(prefix.layers, cache)
-    ]
+    layers = [c.held() for c in cache]
     mx.eval(layers)
     return Prefix(prefix.ids + ids, layers, prefix.audio_tokens + n_audio)
 
@@ -376,9 +373,8 @@ class DecodeBatch:
     (a forced language) has that probability taken from its prefill, at the position after
     "language", projected through the LM head along with the last one.
 
-    A shared prompt start (prefix) is attended to without a copy per row on the CPU path. On the GPU
-    path one of up to Tuning.inline_prefix_tokens tokens is recomputed at the start of every row
-    instead, so that attention runs as MLX's fused kernel; longer ones stay shared.
+    A shared prompt start (prefix) is computed once; its keys and values are copied into the cache of
+    every row that joins, so that every attention is MLX's fused kernel over one contiguous cache.
     """
 
     def __init__(
@@ -395,14 +391,8 @@ class DecodeBatch:
         self.header = header
         settings = tuning()
         self.prefill_rows = max(1, int(prefill_rows or settings.prefill_rows))
-        self.inline: list[int] = []  # prompt start recomputed in every row (GPU path, short prefix)
-        if (
-            prefix is not None
-            and not prefix.audio_tokens
-            and len(prefix.ids) <= settings.inline_prefix_tokens
-        ):
-            self.inline, self.prefix = list(prefix.ids), None
         self.rows: list[_Row] = []
+        self.steps = 0  # decoding steps taken
         self.cache: list[KVCache] | None = None  # per layer; each holds the rows' padding (left_pad)
         self.y: mx.array | None = None  # (rows,) each row's next token, possibly still being computed
         self.scores: mx.array | None = None  # (rows, 3) with y: _chosen_scores of the same logits
@@ -445,7 +435,7 @@ class DecodeBatch:
                 chosen.append(i)
         if not chosen:
             return done
-        prompts = [self.inline + list(prompts[i]) for i in chosen]
+        prompts = [list(prompts[i]) for i in chosen]
         features = [audio_features[i] for i in chosen]
         new_rows = [
             _Row(keys[i], int(max_new_tokens[i]), [], [] if self.keep_logits else None) for i in chosen
@@ -470,6 +460,7 @@ class DecodeBatch:
                 new_rows[start + k].no_speech_prob = math.exp(value)
             caches.append(cache)
             lasts.append(last)
+            mx.clear_cache()  # the group's activations are done with
         logits = self.net.logits(mx.concatenate(lasts, axis=0))
         y = mx.argmax(logits, axis=-1)
         try:
@@ -506,6 +497,7 @@ class DecodeBatch:
             self.logits = logits if self.logits is None else mx.concatenate([self.logits, logits])
         self.rows.extend(new_rows)
         mx.async_eval(self.y, self.scores)
+        mx.clear_cache()  # the parts' caches, copied into the joined one
 
     def step(self) -> list[tuple[Hashable, Generation]]:
         """Take every row's next token; returns the rows that finished (EOS, budget or a loop)."""
@@ -516,6 +508,9 @@ class DecodeBatch:
                 r.logits.append(self.logits[row])
         # Keep the next step in flight while this one's tokens are read.
         next_y = next_logits = next_scores = None
+        self.steps += 1
+        if self.steps % CLEAR_CACHE_EVERY == 0:
+            mx.clear_cache()
         if any(len(r.tokens) + 1 < r.budget for r in self.rows):
             net = self.net
             hidden = net.model(net.model.embed_tokens(self.y[:, None]), cache=self.cache)

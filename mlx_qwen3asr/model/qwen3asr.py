@@ -13,7 +13,6 @@ from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.config import ModelConfig
 from mlx_qwen3asr.model.decoder import TextModel
 from mlx_qwen3asr.model.encoder import AudioEncoder
-from mlx_qwen3asr.model.ops import Linear, project
 
 
 class Qwen3ASR(nn.Module):
@@ -28,7 +27,7 @@ class Qwen3ASR(nn.Module):
         if config.is_forced_aligner:
             self.lm_head = nn.Linear(t.hidden_size, config.classify_num, bias=False)
         elif not t.tie_word_embeddings:
-            self.lm_head = Linear(t.hidden_size, t.vocab_size, bias=False)
+            self.lm_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)
 
     def make_cache(
         self, prefix: list[tuple[mx.array, mx.array]] | None = None, left_pad: mx.array | None = None
@@ -55,10 +54,7 @@ class Qwen3ASR(nn.Module):
     def logits(self, hidden: mx.array) -> mx.array:
         if "lm_head" in self:
             return self.lm_head(hidden)
-        embed = self.model.embed_tokens
-        if isinstance(embed, nn.Embedding):
-            return project(embed.weight, hidden)
-        return embed.as_linear(hidden)
+        return self.model.embed_tokens.as_linear(hidden)
 
     def __call__(self, inputs_embeds: mx.array, mask=None, cache: list[KVCache] | None = None) -> mx.array:
         return self.logits(self.model(inputs_embeds, mask, cache))

@@ -27,6 +27,7 @@ from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions
+from mlx_qwen3asr.pipeline.memory import wired_limit
 from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.pipeline.scheduler import InputResult, Scheduler, Step, StepResult
@@ -231,7 +232,8 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            with wired_limit(self.model):  # weights and caches stay resident while the engine runs
+                self._loop()
         except BaseException as e:  # the engine cannot go on: no job waits for it forever
             with self._lock:
                 self._closed = True

@@ -2,17 +2,19 @@
 row caches.
 
 Without a fixed batch size, the running batch takes as many segments as a share of the free memory
-holds KV caches for. A row holds, in every decoder layer, keys and values for its prompt (after the
-prompt start its rows share) and for every token it may still decode; rows that join are right-aligned
+holds KV caches for. A row holds, in every decoder layer, keys and values for its prompt (the shared
+prompt start copied in, then its own part) and for every token it may still decode; rows that join are right-aligned
 with the running ones, so every row takes the widest prompt and the largest budget of the batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 
@@ -21,11 +23,14 @@ MEMORY_FRACTION = 0.25
 
 
 def available_memory() -> int:
-    """Bytes the process can still use (GPU working set on Apple silicon, free RAM elsewhere)."""
+    """Bytes the process can still use (GPU working set on Apple silicon, free RAM elsewhere).
+
+    MLX's buffer cache (freed arrays kept for reuse) counts as used: it is released at joins and every
+    few hundred decoding steps (model/generate.py), and a batch sized into it would keep it growing."""
     info = mx.device_info()
     limit = info.get("max_recommended_working_set_size") or info.get("memory_size")
     if limit:
-        return max(0, int(limit) - mx.get_active_memory())
+        return max(0, int(limit) - mx.get_active_memory() - mx.get_cache_memory())
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -53,17 +58,52 @@ def rows_that_fit(
     in `memory` bytes; at least one when nothing runs.
 
     rows: (prompt positions after the shared start, token budget) of each new row. per_position:
-    kv_bytes_per_position. shared: positions of the prompt start, held once for every row. running:
-    (rows, cached positions per row, the largest token budget a running row has left).
+    kv_bytes_per_position. shared: positions of the prompt start, computed once and copied into every
+    row's cache. running: (rows, cached positions per row after the shared start, the largest token
+    budget a running row has left).
     """
     count, width, budget = running
     memory -= shared * per_position
     n = 0
     for n, (prompt, tokens) in enumerate(rows, start=1):
         width, budget = max(width, prompt), max(budget, tokens)
-        if (count + n) * (width + budget) * per_position > memory:
+        if (count + n) * (shared + width + budget) * per_position > memory:
             return n - 1 if count or n > 1 else 1
     return n
 
 
-__all__ = ["MEMORY_FRACTION", "available_memory", "kv_bytes_per_position", "rows_that_fit"]
+def metal_available() -> bool:
+    """Whether MLX runs on Metal (Apple silicon), where weights can be wired into memory."""
+    return mx.metal.is_available()
+
+
+@contextlib.contextmanager
+def wired_limit(model: ASRModel | None) -> Iterator[None]:
+    """While a model generates on Metal: raise the wired limit to the recommended working set, so the
+    weights and caches stay resident instead of being paged out between steps; the old limit is set
+    back after (once the device is done). Nothing happens elsewhere."""
+    if model is None or not metal_available():
+        yield
+        return
+    limit = int(mx.device_info()["max_recommended_working_set_size"])
+    weights = sum(a.nbytes for _, a in tree_flatten(model.net.parameters()))
+    if weights > 0.9 * limit:
+        # Wiring more than the working set would make the system swap: leave the limit alone.
+        yield
+        return
+    old = mx.set_wired_limit(limit)
+    try:
+        yield
+    finally:
+        mx.synchronize()
+        mx.set_wired_limit(old)
+
+
+__all__ = [
+    "MEMORY_FRACTION",
+    "metal_available",
+    "wired_limit",
+    "available_memory",
+    "kv_bytes_per_position",
+    "rows_that_fit",
+]

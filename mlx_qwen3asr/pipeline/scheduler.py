@@ -12,7 +12,6 @@ prefixes.py, the segments and results made of decoded rows in assembly.py.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from mlx_qwen3asr.pipeline.inputs import (
     samples_in_memory,
     segment_frames,
 )
-from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position, rows_that_fit
+from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position, rows_that_fit, wired_limit
 from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.prefixes import PromptStarts
 from mlx_qwen3asr.pipeline.readahead import ReadAhead
@@ -195,6 +194,7 @@ class Scheduler:
         self.admitted = 0
         self.failed: list[InputResult] = []  # inputs failed during this iteration
         self.touched: dict[int, _Pending] = {}  # inputs with segments finished since the last progress
+        self._overheads: dict[str | None, int] = {}
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -351,9 +351,12 @@ class Scheduler:
         overhead = self._suffix_overhead(task.pending.options.language)
         return overhead + audio_tokens, self.parts.budget(task.span.duration)
 
-    @functools.lru_cache(maxsize=64)  # noqa: B019 (one scheduler per run; a few languages)
     def _suffix_overhead(self, language: str | None) -> int:
-        return len(prompt_suffix_ids(self.model.tokenizer, 0, language))
+        """Prompt positions after the shared start besides the audio, per language (kept by this
+        scheduler, so nothing outlives it)."""
+        if language not in self._overheads:
+            self._overheads[language] = len(prompt_suffix_ids(self.model.tokenizer, 0, language))
+        return self._overheads[language]
 
     def _refill(self) -> None:
         """Start a batch, or let waiting segments of its context take the places finished rows left."""
@@ -645,8 +648,9 @@ def transcribe_stream(
     try:
         for index, audio in enumerate(inputs):
             scheduler.submit(index, audio, options)
-        while not scheduler.idle:
-            yield from scheduler.run_once()
+        with wired_limit(model):  # on Metal: weights and caches stay resident until the last result
+            while not scheduler.idle:
+                yield from scheduler.run_once()
     finally:
         scheduler.close()
 

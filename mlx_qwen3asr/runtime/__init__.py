@@ -1,2 +1,2 @@
-"""Where the package runs: the GPU or CPU code path and its settings, the CPU process setup, and
-crash-safe file writing."""
+"""Where the package runs: its settings and default dtype, the CPU process setup (OpenBLAS, malloc),
+and crash-safe file writing."""
