@@ -534,3 +534,41 @@ def test_a_default_aligner_out_of_reach_gives_one_line_and_estimated_times(
     err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert status == 0 and len(err) == 1 and "aligner" in err[0] and "estimated" in err[0]
     assert all(s["timing"] == "estimated" for s in doc["segments"]) and doc["segments"]
+
+
+# --- streams too short to transcribe ------------------------------------------------------------------
+
+
+def short_pcm(size: int) -> bytes:
+    """`size` bytes of 16-bit PCM (size // 2 samples, not silent)."""
+    return ((np.arange(size // 2) * 7919) % 20000 - 10000).astype("<i2").tobytes()
+
+
+@pytest.mark.parametrize("size", [2, 100, 318])
+def test_under_10_ms_on_stdin_is_an_empty_transcript(tmp_path, ckpt, monkeypatch, capsys, size):
+    """Less than one log-mel frame (160 samples) of audio: nothing to decode, empty outputs, status 0,
+    as silence gives."""
+    (tmp_path / "in").write_bytes(short_pcm(size))
+    with open(tmp_path / "in", "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        status = main(["live", "-", "--model", ckpt, "--json", "--txt", "--output", str(tmp_path / "short")])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "error" not in err
+    doc = json.loads((tmp_path / "short.json").read_text(encoding="utf-8"))
+    assert doc["segments"] == [] and doc["text"] == ""
+    assert doc["duration"] == pytest.approx(size // 2 / 16000)
+    assert (tmp_path / "short.txt").read_text(encoding="utf-8").strip() == ""
+
+
+def test_under_10_ms_through_the_command_and_as_a_file_is_no_crash(tmp_path, ckpt):
+    done = run_live("-", "--model", ckpt, "--json", "--output", "piped", stdin=short_pcm(2), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr and b"error" not in done.stderr
+    assert json.loads((tmp_path / "piped.json").read_text(encoding="utf-8"))["segments"] == []
+
+    audio = write_wav(tmp_path / "click.wav", 0.005, 1)  # 80 samples
+    done = run_live("--input", str(audio), "--model", ckpt, "--txt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert (tmp_path / "click.txt").read_text(encoding="utf-8").strip() == ""

@@ -75,7 +75,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_qwen3asr.audio.cutting import quietest_sample
-from mlx_qwen3asr.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram
+from mlx_qwen3asr.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import (
@@ -194,6 +194,12 @@ SAME_FRAME_TOLERANCE = 0.01
 
 def _same_frames(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.max(np.abs(a - b), initial=0.0) <= SAME_FRAME_TOLERANCE)
+
+
+def _has_frames(audio: np.ndarray) -> bool:
+    """Whether the audio holds a log-mel frame to encode: under 10 ms (one hop) it holds none, and is
+    an empty transcript, as silence is, rather than a decode."""
+    return mel_frame_count(audio.shape[0]) > 0
 
 
 def _as_samples(samples) -> np.ndarray:
@@ -399,8 +405,9 @@ class StreamingTranscriber:
     def finish(self) -> StreamUpdate:
         """Decode the buffered tail (shorter than a chunk) with the official tail rule, commit the
         window as the last segment and return the final update. Nothing buffered: no decode, the window
-        as the last step left it is committed. A second call returns the final update again, with no
-        new segments."""
+        as the last step left it is committed. A stream of under 10 ms in all (no log-mel frame) is
+        not decoded and commits nothing: an empty transcript. A second call returns the final update
+        again, with no new segments."""
         if self.finished:
             last = self._last_update
             return StreamUpdate(
@@ -412,14 +419,15 @@ class StreamingTranscriber:
         if self.buffer.shape[0] > 0:
             tail, self.buffer = self.buffer, np.zeros((0,), dtype=np.float32)
             self._append(tail)
-            prefix = (
-                ""
-                if w.chunk_id < self.unfixed_chunks
-                else tail_rollback_prefix(self.tokenizer, w.raw, self.unfixed_tokens)
-            )
-            self._decode_window(prefix)
+            if _has_frames(w.audio):
+                prefix = (
+                    ""
+                    if w.chunk_id < self.unfixed_chunks
+                    else tail_rollback_prefix(self.tokenizer, w.raw, self.unfixed_tokens)
+                )
+                self._decode_window(prefix)
         committed = []
-        if w.audio.shape[0] > 0 or w.text:
+        if _has_frames(w.audio) or w.text:
             committed.append(self._segment(w.start, w.start + w.audio.shape[0], w))
             self.segments.extend(committed)
         update = self._update(committed, final=True, encoded=self.encoded_samples - encoded_before)
