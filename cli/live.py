@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -592,11 +592,40 @@ class _Outputs:
                 self.job, result, audio, self.options, model_name=self.model_name, overwrite=True
             )
         except OSError as e:
-            where = f" {e.filename}" if e.filename else ""
-            raise LiveError(
-                f"cannot write output{where} ({(e.strerror or str(e)).lower()})", EXIT_FAILED
-            ) from None
+            path = self._named(e)
+            if path is None:  # a full disk fails the write of the data, which names no file
+                done, path, e = self._write_alone(result, audio, e)
+            if path is not None:
+                raise LiveError(
+                    f"cannot write output {path} ({(e.strerror or str(e)).lower()})", EXIT_FAILED
+                ) from None
         self.written = done.written
+
+    def _named(self, e: OSError) -> Path | None:
+        """The output an error names, or None (it names no file, or a temporary one)."""
+        names = {str(p): p for p in self.job.outputs.values()}
+        return next(
+            (names[str(f)] for f in (e.filename2, e.filename) if f is not None and str(f) in names), None
+        )
+
+    def _write_alone(self, result: Transcription, audio: Signal, error: OSError):
+        """Write the outputs one at a time to find the one that cannot be written: (the last write's
+        result, that output or None when each was written after all, its error)."""
+        done = None
+        for fmt, path in self.job.outputs.items():
+            try:
+                done = write_outputs(
+                    replace(self.job, outputs={fmt: path}),
+                    result,
+                    audio,
+                    self.options,
+                    model_name=self.model_name,
+                    overwrite=True,
+                )
+            except OSError as e:
+                return done, path, e
+        done.written = list(self.job.outputs.values())
+        return done, None, error
 
 
 # Where the session's audio goes (an unnamed file in the temporary folder).
@@ -858,7 +887,7 @@ def _run_session(
     if failure is not None:
         raise failure
     if stop.signum == signal.SIGTERM:
-        say.error("terminated; the outputs hold everything transcribed")
+        say.info("terminated; the outputs hold everything transcribed")
         return EXIT_TERMINATED
     if stop.signum is not None:
         say.info("interrupted; the outputs hold everything transcribed")

@@ -572,3 +572,66 @@ def test_under_10_ms_through_the_command_and_as_a_file_is_no_crash(tmp_path, ckp
     assert done.returncode == 0, done.stderr
     assert b"Traceback" not in done.stderr
     assert (tmp_path / "click.txt").read_text(encoding="utf-8").strip() == ""
+
+
+# --- stops and failures -------------------------------------------------------------------------------
+
+
+def test_a_full_disk_while_writing_names_the_output_in_one_line(tmp_path, ckpt, monkeypatch, capsys):
+    """Writing the data is what fails on a full disk, and its error names no file: the line names the
+    output that could not be written."""
+    import errno
+
+    from mlx_qwen3asr.runtime import atomic
+
+    written = atomic._write_temp
+
+    def full(path, data):
+        if path.suffix == ".srt":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return written(path, data)
+
+    monkeypatch.setattr(atomic, "_write_temp", full)
+    audio = write_wav(tmp_path / "talk.wav", 3.0, 1)
+    status = main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--txt", "--srt", "-q"])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    assert err == [
+        f"mlxasr live: error: cannot write output {tmp_path / 'talk.srt'} (no space left on device)"
+    ]
+    assert not (tmp_path / "talk.srt").exists()
+
+
+def test_sigterm_is_a_stop_with_status_143_not_an_error(tmp_path, ckpt):
+    audio = write_wav(tmp_path / "talk.wav", 6.0, 5)
+    log = tmp_path / "stdout.log"
+    cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, *STREAM]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--json", "--output", "cut"],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        try:
+            proc.stdin.write(raw_pcm(audio))  # and the stream stays open
+            proc.stdin.flush()
+            deadline = time.monotonic() + 120
+            while not log.read_text(encoding="utf-8").startswith("["):
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "no segment was committed"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            status = proc.wait(timeout=120)
+            err = proc.stderr.read().decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stdin.close()
+            proc.stderr.close()
+    assert status == 143, err
+    assert "mlxasr live: terminated; the outputs hold everything transcribed" in err.splitlines()
+    assert "error" not in err
+    assert json.loads((tmp_path / "cut.json").read_text(encoding="utf-8"))["segments"]
