@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import queue
+import select
 import signal
 import stat
 import struct
@@ -740,11 +741,30 @@ def _source(args: argparse.Namespace, stop: _Stop) -> tuple[str, Iterator[np.nda
     if args.realtime:
         raise LiveError("--realtime paces a file: give it with --input FILE")
     if args.source == STDIN:
-        fd = sys.stdin.fileno() if sys.stdin is not None else 0
+        fd = _stdin_fd()
         stream = WavStream(lambda n: os.read(fd, n), "stdin", args.sample_rate)
         return "stdin", stream.blocks(), None
     microphone = _open_microphone()
     return "microphone", microphone.blocks(), microphone.drain
+
+
+def _stdin_fd() -> int:
+    return sys.stdin.fileno() if sys.stdin is not None else 0
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(_stdin_fd())
+    except (OSError, ValueError):
+        return False
+
+
+def _stdin_ready() -> bool:
+    """Whether standard input has bytes (or its end) to read at once."""
+    try:
+        return bool(select.select([_stdin_fd()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _session(args: argparse.Namespace, say: Say, stop: _Stop) -> int:
@@ -754,6 +774,8 @@ def _session(args: argparse.Namespace, say: Say, stop: _Stop) -> int:
         )
     if args.sample_rate != SAMPLE_RATE and args.source != STDIN:
         raise LiveError("--sample-rate is the rate of raw PCM on standard input: use it with -")
+    if args.source == STDIN and _stdin_is_terminal():  # typed text would be read as PCM
+        raise LiveError(f"{STDIN} reads audio from standard input, which is a terminal; pipe audio in")
     try:
         language = resolve_language(args.language)
     except ValueError as e:
@@ -808,8 +830,15 @@ def _run_session(
     # Until the session starts nothing is written: a stop ends the command at once.
     stop.waiting = True
     try:
-        name, blocks, drain = _source(args, stop)
-        model = load_model(args.model, args.dtype, say)
+        if args.source == STDIN and not _stdin_ready():
+            # Nothing is there yet (the stream may start much later): say so, and load the model
+            # meanwhile rather than once the first bytes come.
+            say.info("waiting for audio on standard input")
+            model = load_model(args.model, args.dtype, say)
+            name, blocks, drain = _source(args, stop)
+        else:
+            name, blocks, drain = _source(args, stop)
+            model = load_model(args.model, args.dtype, say)
     finally:
         stop.waiting = False
     if model is None:

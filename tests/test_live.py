@@ -635,3 +635,61 @@ def test_sigterm_is_a_stop_with_status_143_not_an_error(tmp_path, ckpt):
     assert "mlxasr live: terminated; the outputs hold everything transcribed" in err.splitlines()
     assert "error" not in err
     assert json.loads((tmp_path / "cut.json").read_text(encoding="utf-8"))["segments"]
+
+
+# --- standard input: a terminal, a stream that has not started --------------------------------------
+
+
+def test_a_terminal_on_stdin_is_refused_in_one_line_with_status_2(tmp_path):
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", "not-loaded"],
+            stdin=follower,
+            capture_output=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().splitlines() == [
+        "mlxasr live: error: - reads audio from standard input, which is a terminal; pipe audio in"
+    ]
+
+
+def test_a_stream_that_has_not_started_is_waited_for_with_the_model_loaded(tmp_path, ckpt):
+    """`sleep 1000 | mlxasr live -`: one line says what it waits for, and the model loads meanwhile,
+    not once the first bytes come."""
+    audio = write_wav(tmp_path / "talk.wav", 2.0, 3)
+    cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, "--txt"]
+    proc = subprocess.Popen(
+        [*cmd, "--output", "later"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.decode() for line in proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("loading model" in line for line in lines):
+            assert proc.poll() is None, lines
+            assert time.monotonic() < deadline, f"the model was not loaded while waiting: {lines}"
+            time.sleep(0.05)
+        assert lines[0] == "mlxasr live: waiting for audio on standard input\n"
+        proc.stdin.write(raw_pcm(audio))
+        proc.stdin.close()
+        status = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=30)
+    assert status == 0, lines
+    assert (tmp_path / "later.txt").read_text(encoding="utf-8").strip()
