@@ -178,3 +178,59 @@ def test_words_classes_and_times_match_official(checkpoints, name):
     assert prompt.ids == ids and classes.tolist() == expected.tolist()
     assert word_times(classes.tolist(), 80.0, len(items)) == expected_times
     assert len(set(expected_times)) > 1
+
+
+# --- memory: a file is decoded no further than the aligner takes -------------------------------------
+
+
+def test_align_decodes_a_long_file_no_further_than_the_aligner_takes(checkpoints, tmp_path, monkeypatch):
+    """align() of a file longer than 180 s is refused once 180 s are decoded: no decoded block nor read
+    holds the whole file (it used to be decoded whole and read back into memory, 1.1 GB for 2 h)."""
+    import numpy as np
+    import soundfile as sf
+
+    from mlx_qwen3asr.audio import files
+    from mlx_qwen3asr.audio import signal as signals
+    from mlx_qwen3asr.pipeline.alignment import MAX_SECONDS
+
+    rate = 16000
+    long_file = tmp_path / "long.wav"
+    seconds = MAX_SECONDS + 220.0  # past the 300 s from which decoded audio goes to a temporary file
+    sf.write(long_file, test_signal(seconds, seed=5), rate, subtype="PCM_16")
+    short_file = tmp_path / "short.wav"
+    sf.write(short_file, test_signal(6.0, seed=6), rate, subtype="PCM_16")
+
+    decoded: list[int] = []  # samples each decode had stored, after every block
+    reads: list[int] = []  # samples of every read from decoded audio
+    real_add = files._SignalWriter.add
+
+    def add(self, x):
+        real_add(self, x)
+        decoded.append(self.count)
+
+    def spy(read):
+        def wrapper(self, start, stop):
+            out = read(self, start, stop)
+            reads.append(int(out.shape[0]))
+            return out
+
+        return wrapper
+
+    monkeypatch.setattr(files._SignalWriter, "add", add)
+    for kind in (signals.ArraySignal, signals.FileSignal):
+        monkeypatch.setattr(kind, "read", spy(kind.read))
+
+    aligner = mlx_qwen3asr.load(checkpoints("aligner-tiny"), dtype="float32")
+    with pytest.raises(ValueError, match="longer than the aligner's 180 s"):
+        mlx_qwen3asr.align(aligner, long_file, "so the first thing i want to talk about")
+    limit = (MAX_SECONDS + 5.0) * rate
+    assert decoded and max(decoded) <= limit, max(decoded) / rate
+    assert max(reads, default=0) <= limit
+    assert mlx_qwen3asr.align(aligner, long_file, "  ") == []  # no text: nothing to refuse
+
+    # A file the aligner takes is still read whole and timed.
+    decoded.clear()
+    words = mlx_qwen3asr.align(aligner, short_file, "so the first thing i want", "English")
+    assert [w.text for w in words] == "so the first thing i want".split()
+    assert max(decoded) == 6 * rate and all(0.0 <= w.start <= w.end <= 6.0 for w in words)
+    assert np.isclose(sum(reads[-1:]), 6 * rate)

@@ -13,6 +13,7 @@ attention keeps every row as it would be alone, and only the timestamp positions
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram
+from mlx_qwen3asr.audio.files import AudioTooLong, read_audio
 from mlx_qwen3asr.checkpoints.layouts import ALIGNER_LANGUAGES
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
 from mlx_qwen3asr.model.generate import prefill_chunks
@@ -177,20 +179,33 @@ def align_span(
 
 def align(aligner: ASRModel, audio, text: str, language: str | None = None) -> list[Word]:
     """Time the words of `text` in `audio` (a path, a 16 kHz array or `(array, sample_rate)`; at most
-    180 s). language: a name or code among the aligner's languages (default English)."""
+    180 s). language: a name or code among the aligner's languages (default English).
+
+    A file is decoded no further than the aligner takes: a longer one is refused once MAX_SECONDS are
+    decoded, so its length costs neither memory nor time."""
 
     name = resolve_language(language) or "English"
-    decoded, _ = load_input(audio)
+    too_long = f"cannot align: longer than the aligner's {MAX_SECONDS:g} s"
+    if isinstance(audio, (str, os.PathLike)):
+        try:
+            decoded = read_audio(audio, max_seconds=MAX_SECONDS)
+        except AudioTooLong:
+            if not text.strip():
+                return []
+            raise ValueError(too_long) from None
+    else:
+        decoded, _ = load_input(audio)
+    signal = decoded.signal
     try:
-        samples = decoded.samples
+        seconds = len(signal) / SAMPLE_RATE
+        reason = why_not_aligned(aligner, text, name, seconds)
+        if reason == "no text":
+            return []
+        if reason is not None:
+            raise ValueError(f"cannot align: {reason}")
+        samples = signal.read(0, len(signal))
     finally:
-        decoded.signal.close()
-    seconds = samples.size / SAMPLE_RATE
-    reason = why_not_aligned(aligner, text, name, seconds)
-    if reason == "no text":
-        return []
-    if reason is not None:
-        raise ValueError(f"cannot align: {reason}")
+        signal.close()
     return align_segments(aligner, [log_mel_spectrogram(samples)], [text], [name], [(0.0, seconds)])[0]
 
 
