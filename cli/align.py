@@ -53,7 +53,7 @@ from mlx_qwen3asr.outputs.folder import (
 from mlx_qwen3asr.pipeline.alignment import aligner_languages
 from mlx_qwen3asr.pipeline.retime import PIECE_SECONDS, TranscriptTooLong, retime_transcript
 from mlx_qwen3asr.text.languages import guess_text_language, resolve_language
-from mlx_qwen3asr.text.words import is_cjk
+from mlx_qwen3asr.text.words import is_cjk, split_items
 
 __all__ = ["AlignError", "build_parser", "main", "read_blocks"]
 
@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 _TAG = re.compile(r"<[^<>]*>|\{\\[^{}]*\}")  # <i>, </b>, <c.yellow>, <v Name>, <00:01.000>, {\an8}
 _BLOCKS = re.compile(r"\n[ \t]*\n")
+# A cue's timing line: SRT "00:00:01,000 --> 00:00:02,500" (some write "."), VTT "01.000 --> 02.500"
+# with hours optional and cue settings after it.
+_TIME = r"(?:\d+:)?\d{1,2}:\d{2}[,.]\d{1,3}"
+_TIMING = re.compile(rf"[ \t]*{_TIME}[ \t]*-->[ \t]*{_TIME}(?:[ \t].*)?")
+_NO_CUES = "no subtitle cues found (no line with a timing such as 00:00:01,000 --> 00:00:02,000)"
 
 
 def _join_lines(lines: Sequence[str]) -> str:
@@ -171,13 +176,31 @@ def _join_lines(lines: Sequence[str]) -> str:
     return out
 
 
-def _cue_texts(text: str, vtt: bool) -> list[str]:
+def _cue_texts(text: str, vtt: bool, name: str) -> list[str]:
+    """The text of every cue. A line with `-->` that is no timing (two times) is an AlignError naming
+    it: the file is damaged or no subtitle file, and its text would be read wrongly."""
+    blocks: list[tuple[int, list[str]]] = []  # the number of each block's first line, and its lines
+    current: list[str] = []
+    first = 1
+    for number, line in enumerate([*text.split("\n"), ""], 1):
+        if line.strip(" \t"):
+            first = first if current else number
+            current.append(line)
+        elif current:  # a blank line ends a block
+            blocks.append((first, current))
+            current = []
     cues = []
-    for block in _BLOCKS.split(text):
-        lines = block.strip("\n").split("\n")
+    for first, lines in blocks:
         timing = next((i for i, line in enumerate(lines) if "-->" in line), None)
         if timing is None:  # WEBVTT header, NOTE, STYLE and REGION blocks, stray lines
             continue
+        if not _TIMING.fullmatch(lines[timing]):
+            shown = " ".join(lines[timing].split())
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise AlignError(
+                f"{name}: line {first + timing}: {shown!r} is no cue timing (such as 00:00:01,000 --> "
+                "00:00:02,000); not a valid subtitle file"
+            )
         body = [_TAG.sub("", line) for line in lines[timing + 1 :]]
         if vtt:
             body = [html.unescape(line) for line in body]
@@ -205,11 +228,10 @@ def read_blocks(path: Path) -> tuple[list[str], str]:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     suffix = path.suffix.lower()
     if suffix in (".srt", ".vtt") or text.lstrip().startswith("WEBVTT"):
-        blocks, kind = _cue_texts(text, vtt=suffix == ".vtt" or text.lstrip().startswith("WEBVTT")), "cue"
+        vtt = suffix == ".vtt" or text.lstrip().startswith("WEBVTT")
+        blocks, kind = _cue_texts(text, vtt, name), "cue"
         if not any(blocks) and text.strip():
-            raise AlignError(
-                f"{name}: no subtitle cues found (no line with a timing such as 00:00:01,000 --> ...)"
-            )
+            raise AlignError(f"{name}: {_NO_CUES}")
     else:
         blocks, kind = [_join_lines(b.split("\n")) for b in _BLOCKS.split(text)], "paragraph"
     blocks = [b for b in blocks if b]
@@ -293,7 +315,9 @@ def _align(args: argparse.Namespace, say: Say) -> int:
             raise AlignError(
                 f"--language: {language} is not among the aligner's languages ({', '.join(known)})"
             )
-        say.info(f"timing {sum(len(b.split()) for b in blocks)} words in {len(blocks)} {kind}(s)")
+        # The words as the aligner times them: Chinese and Japanese are cut without spaces.
+        words = sum(len(split_items(block, language)) for block in blocks)
+        say.info(f"timing {words} words in {len(blocks)} {kind}(s)")
         try:
             result = retime_transcript(aligner, signal, blocks, language)
         except TranscriptTooLong as e:

@@ -392,3 +392,74 @@ def test_without_language_the_script_of_the_text_decides(text, language, tmp_pat
     status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--json")
     assert status == 0, err
     assert json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))["language"] == language
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [("今天天气很好，我们去公园吧", "Chinese"), ("今日はいい天気ですね", "Japanese"), (TEXT, "English")],
+)
+def test_the_words_said_to_be_timed_are_the_words_the_aligner_times(text, language, tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 4.0, seed=5)
+    (tmp_path / "talk.txt").write_text(text + "\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--json", "--language", language)
+    assert status == 0, err
+    count = len(transcript_words([text], language))
+    assert count > 3
+    assert f"timing {count} words in 1 paragraph(s)" in err, err
+    timed = words_of(tmp_path / "talk.json")
+    assert len(timed) == count
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "1\nthe meeting --> the budget\nso the first thing\n",  # prose with an arrow, named .srt
+        "1\n00:00:01,000 --> soon\nso the first thing\n",
+        SRT_IN + "\n4\n00:00:13 --> 00:00:14\nand a damaged cue\n",
+    ],
+)
+def test_a_subtitle_file_without_valid_cues_is_refused_by_name(body, tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 3.0, seed=1)
+    subtitles = tmp_path / "fixed.srt"
+    subtitles.write_text(body, encoding="utf-8")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    status, err = run(capsys, audio, "--text", subtitles, "--srt", "--json")
+    assert status == 2, err
+    (line,) = errors_of(err)
+    assert line.startswith(f"mlxasr align: error: --text {subtitles}: line ") and "no cue timing" in line
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_long_audio_is_read_by_range_and_never_whole(tmp_path, capsys, monkeypatch):
+    """As for transcription, a long file stays in its temporary file and is read back piece by piece:
+    no read covers the whole file (the thresholds are lowered so that a short file stands for hours)."""
+    from mlx_qwen3asr.audio import files
+    from mlx_qwen3asr.audio import signal as signals
+    from mlx_qwen3asr.outputs import cues
+
+    seconds, piece = 100.0, 20.0
+    monkeypatch.setattr(files, "SPILL_SECONDS", 30.0)
+    monkeypatch.setattr(retime, "PIECE_SECONDS", piece)
+    monkeypatch.setattr(cues, "_ENERGY_BLOCK_FRAMES", 256)  # 5 s blocks of loudness for cue timing
+    reads: list[tuple[str, int]] = []
+
+    def spy(kind):
+        read = kind.read
+
+        def wrapper(self, start, stop):
+            out = read(self, start, stop)
+            reads.append((kind.__name__, int(out.shape[0])))
+            return out
+
+        monkeypatch.setattr(kind, "read", wrapper)
+
+    spy(signals.ArraySignal)
+    spy(signals.FileSignal)
+    audio = write_wav(tmp_path / "talk.wav", seconds, seed=11)
+    (tmp_path / "talk.txt").write_text(LONG_TEXT + "\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--srt", "--json")
+    assert status == 0, err
+    assert len(words_of(tmp_path / "talk.json")) == len(LONG_TEXT.split())
+    assert {kind for kind, _ in reads} == {"FileSignal"}  # spilled, as a long file is
+    assert len(reads) > 10 and max(n for _, n in reads) <= (piece + 1.0) * 16000
