@@ -36,7 +36,7 @@ import numpy as np
 import soxr
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_problem
-from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
+from mlx_qwen3asr.audio.files import AudioStream, not_regular_reason
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
@@ -371,21 +371,33 @@ class WavStream:
             yield tail
 
 
-def _file_samples(path: str) -> np.ndarray:
+def _file_blocks(path: str, say: Say, cleanup: contextlib.ExitStack) -> Iterator[np.ndarray]:
+    """The file's audio in BLOCK_SECONDS blocks, decoded as they are taken (AudioStream): memory holds
+    a decoded block, not the file. A file that cannot be opened is a LiveError now; one that fails
+    partway ends its blocks with one (what came before is transcribed)."""
     try:
-        decoded = read_audio(path)
+        stream = cleanup.enter_context(AudioStream(path))
     except AudioError as e:
         raise LiveError(f"{path}: {e.reason}", EXIT_FAILED) from None
-    try:
-        return decoded.samples
-    finally:
-        decoded.signal.close()
-
-
-def _blocks_of(samples: np.ndarray) -> Iterator[np.ndarray]:
     step = int(round(BLOCK_SECONDS * SAMPLE_RATE))
-    for start in range(0, samples.shape[0], step):
-        yield samples[start : start + step]
+
+    def blocks() -> Iterator[np.ndarray]:
+        rest = np.zeros(0, np.float32)
+        try:
+            for decoded in stream.blocks():
+                rest = np.concatenate([rest, decoded]) if rest.size else decoded
+                whole = rest.shape[0] - rest.shape[0] % step
+                for start in range(0, whole, step):
+                    yield rest[start : start + step]
+                rest = rest[whole:]
+        except AudioError as e:
+            raise LiveError(f"{path}: {e.reason}", EXIT_FAILED) from None
+        if rest.size:
+            yield rest
+        for warning in stream.warnings:
+            say.warning(f"{path}: {warning}")
+
+    return blocks()
 
 
 def _paced(blocks: Iterator[np.ndarray], pause) -> Iterator[np.ndarray]:
@@ -724,7 +736,9 @@ def _plan(args: argparse.Namespace) -> FileJob | None:
     return job
 
 
-def _source(args: argparse.Namespace, stop: _Stop) -> tuple[str, Iterator[np.ndarray], Any]:
+def _source(
+    args: argparse.Namespace, stop: _Stop, say: Say, cleanup: contextlib.ExitStack
+) -> tuple[str, Iterator[np.ndarray], Any]:
     if args.input is not None:
         if args.source is not None:
             raise LiveError("give either - (standard input) or --input FILE, not both")
@@ -736,7 +750,7 @@ def _source(args: argparse.Namespace, stop: _Stop) -> tuple[str, Iterator[np.nda
         what = "is a folder" if stat.S_ISDIR(mode) else not_regular_reason(mode)
         if what is not None:  # a FIFO or a device would never end, or never start
             raise LiveError(f"--input {args.input}: {what}")
-        blocks = _blocks_of(_file_samples(args.input))
+        blocks = _file_blocks(args.input, say, cleanup)
         return args.input, (_paced(blocks, stop.pause) if args.realtime else blocks), None
     if args.realtime:
         raise LiveError("--realtime paces a file: give it with --input FILE")
@@ -787,8 +801,8 @@ def _session(args: argparse.Namespace, say: Say, stop: _Stop) -> int:
             f"with --chunk-seconds {args.chunk_seconds:g}"
         )
     job = _plan(args)
-    with _outputs_lock(job):
-        return _run_session(args, say, stop, job, language)
+    with _outputs_lock(job), contextlib.ExitStack() as cleanup:
+        return _run_session(args, say, stop, job, language, cleanup)
 
 
 @contextlib.contextmanager
@@ -825,7 +839,12 @@ def _outputs_lock(job: FileJob | None) -> Iterator[None]:
 
 
 def _run_session(
-    args: argparse.Namespace, say: Say, stop: _Stop, job: FileJob | None, language: str | None
+    args: argparse.Namespace,
+    say: Say,
+    stop: _Stop,
+    job: FileJob | None,
+    language: str | None,
+    cleanup: contextlib.ExitStack,
 ) -> int:
     # Until the session starts nothing is written: a stop ends the command at once.
     stop.waiting = True
@@ -835,9 +854,9 @@ def _run_session(
             # meanwhile rather than once the first bytes come.
             say.info("waiting for audio on standard input")
             model = load_model(args.model, args.dtype, say)
-            name, blocks, drain = _source(args, stop)
+            name, blocks, drain = _source(args, stop, say, cleanup)
         else:
-            name, blocks, drain = _source(args, stop)
+            name, blocks, drain = _source(args, stop, say, cleanup)
             model = load_model(args.model, args.dtype, say)
     finally:
         stop.waiting = False

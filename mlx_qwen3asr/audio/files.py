@@ -565,9 +565,139 @@ def estimate_duration(path: str | os.PathLike[str]) -> float:
     return st.st_size / _ASSUMED_BYTES_PER_SECOND if stat.S_ISREG(st.st_mode) else 0.0
 
 
+# --------------------------------------------------------------------------------------------------
+# Reading a file as a stream
+# --------------------------------------------------------------------------------------------------
+
+
+class AudioStream:
+    """A file's audio as it is read: 16 kHz mono float32 blocks, each decoded, mixed and resampled as
+    it is taken, so that memory holds a block or so however long the file is (read_audio decodes the
+    whole file before it returns). What `mlxasr live --input` plays.
+
+    It is opened as read_audio opens a file, with the same AudioError for one that cannot be read
+    (missing, not audio, .m4a without ffmpeg, an implausible rate, no samples); damaged data partway
+    ends the blocks there, with the reason in `warnings`. The samples are those read_audio gives (the
+    same resampling stream, the same length), except that samples past full scale are clipped: read_audio
+    divides the whole file by its peak, which a stream does not know before its end. Use it as a context
+    manager, or close() it (that stops an ffmpeg decoder)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path = os.fspath(path)
+        self.warnings: list[str] = []
+        self._source: _Source | None = None
+        self._file = _open_regular(path)
+        try:
+            self._source, self._first = self._open(path)
+            if (problem := sample_rate_problem(self._source.rate)) is not None:
+                raise RateRefused(path, problem)
+            if self._first is None:
+                raise AudioError(path, "contains no audio samples")
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, path: str) -> tuple[_Source, np.ndarray | None]:
+        """The decoder and its first block (None: it has none), falling back to ffmpeg as read_audio does."""
+        ext = _extension(path)
+        ffmpeg = shutil.which("ffmpeg")
+        if ext in _FFMPEG_EXTENSIONS:
+            if ffmpeg is None:
+                raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}")
+            source = _ffmpeg_source(path, ffmpeg)
+            return source, self._first_block(source)
+        notes: list[str] = []
+        source = None
+        try:
+            source = _soundfile_source(path, self._file, notes)
+            return source, self._first_block(source)
+        except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
+            if source is not None and callable(source.close):
+                source.close()
+            self._source = None
+            reason = one_line(getattr(e, "error_string", None) or str(e), MESSAGE_LIMIT).rstrip(".")
+            if "does not exist or is not a regular file" in reason:
+                reason = "no audio frames found"
+            if ffmpeg is not None:
+                try:
+                    source = _ffmpeg_source(path, ffmpeg)
+                    return source, self._first_block(source)
+                except RateRefused:
+                    raise
+                except AudioError:
+                    raise AudioError(path, f"not an audio file ({reason}){_decoder_note(notes)}") from None
+            if ext and ext not in _SOUNDFILE_EXTENSIONS:
+                raise AudioError(path, f"cannot decode .{ext} without ffmpeg; {_FFMPEG_HINT}") from None
+            raise AudioError(path, f"not an audio file ({reason}){_decoder_note(notes)}") from None
+
+    def _first_block(self, source: _Source) -> np.ndarray | None:
+        self._source = source  # closed with the stream, however the rest of the opening goes
+        return next(source.blocks, None)
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The audio, 16 kHz mono float32 in [-1, 1], a decoded block at a time (about 4 s at most)."""
+        source, path = self._source, self.path
+        first, self._first = self._first, None
+        if first is None:
+            return
+        resampler = None
+        if source.rate != SAMPLE_RATE:
+            resampler = soxr.ResampleStream(source.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+        step = max(1, DECODE_BLOCK * source.rate // SAMPLE_RATE)
+        frames = given = 0
+        held = np.zeros(0, np.float32)  # the last piece, held back until the length is known
+        for block in _chain_first(first, source.blocks):
+            frames += block.shape[0]
+            mono = block[:, 0] if block.shape[1] == 1 else np.mean(block, axis=-1, dtype=np.float32)
+            if not np.isfinite(mono).all():
+                raise AudioError(path, "audio contains NaN or infinite samples")
+            pieces = (
+                [mono]
+                if resampler is None
+                else [
+                    resampler.resample_chunk(mono[start : start + step], last=False)
+                    for start in range(0, mono.shape[0], step)
+                ]
+            )
+            for piece in pieces:
+                if piece.size:
+                    if held.size:
+                        given += held.size
+                        yield np.clip(held, -1.0, 1.0)
+                    held = piece
+        if resampler is not None:
+            held = np.concatenate([held, resampler.resample_chunk(np.zeros(0, np.float32), last=True)])
+            # As read_audio: trimmed or zero-padded to the rate's exact length (librosa's fix=True).
+            want = max(0, math.ceil(frames * (float(SAMPLE_RATE) / source.rate)) - given)
+            held = held[:want] if held.size >= want else np.pad(held, (0, want - held.size))
+        if held.size:
+            yield np.clip(held, -1.0, 1.0)
+        seconds = frames / source.rate
+        if source.stopped:
+            self.warnings.append(f"decoding stopped early at {seconds:.1f} s ({source.stopped[0]})")
+
+    def close(self) -> None:
+        source, self._source = self._source, None
+        if source is not None and callable(source.close):
+            source.close()
+        self._file.close()
+
+    def __enter__(self) -> AudioStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _chain_first(first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    yield first
+    yield from rest
+
+
 __all__ = [
     "estimate_duration",
     "ArraySignal",
+    "AudioStream",
     "DecodedAudio",
     "FileSignal",
     "Signal",
