@@ -256,9 +256,10 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     assert [len(a["prompts"]) for a in everything.adds] == [6]  # 3 + 1 + 1 + 1 segments, all at once
     first = everything.adds[0]
     longest = max(len(p) for p in first["prompts"]) + max(first["budgets"])  # positions a row holds at most
-    prefix = len(first["prefix"].ids)  # held once, shared by every row
-    # A share of exactly the prefix and two such rows: never more than two rows at a time.
-    share = (prefix + 2 * longest) * per_position
+    prefix = len(first["prefix"].ids)  # computed once, then copied into every row's cache
+    # A share of exactly the prefix and two such rows (each with its copy of the prefix): never more
+    # than two rows at a time.
+    share = (prefix + 2 * (prefix + longest)) * per_position
     two = run(int(share / MEMORY_FRACTION))
     assert len(two.adds[0]["prompts"]) == 2 and sum(len(a["prompts"]) for a in two.adds) == 6
     # Whenever rows join, the cache the batch holds fits the share (shorter segments fit more rows).

@@ -355,13 +355,18 @@ def run_peer(
     budget: Budget,
     mode: str,
     runs: int,
+    dtype: str = "float32",
+    timeout: float = 3600.0,
 ) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [python, str(REPO_ROOT / "tools" / "peers.py"), "--peer", peer, "--model", str(model)]
-    cmd += budget.peer_args() + ["--mode", mode, "--runs", str(runs), "--json", str(out)]
+    cmd += budget.peer_args() + ["--mode", mode, "--runs", str(runs), "--json", str(out), "--dtype", dtype]
     cmd += [str(p) for p in paths]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"peer": peer, "error": [f"did not finish within {timeout:g} s"]}
     if proc.returncode not in (0, 1) or not out.exists() or out.stat().st_size == 0:
         return {"peer": peer, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     data = json.loads(out.read_text())
@@ -762,7 +767,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--aligner", help="forced aligner for --mode align (default: random aligner preset, built once)"
     )
-    ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on a GPU); the peers get the same",
+    )
     budget_args = ap.add_mutually_exclusive_group()
     budget_args.add_argument("--new-tokens", type=int, help="tokens decoded per segment")
     budget_args.add_argument(
@@ -787,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", action="store_true", help="also run moona3k's mlx-qwen3-asr and mlx-audio")
     ap.add_argument("--peer-python", default=sys.executable, help="python of an environment with the peers")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
+    ap.add_argument("--peer-timeout", type=float, default=3600.0, help="seconds a peer's run may take")
     ap.add_argument(
         "--peer-results",
         nargs="*",
@@ -922,6 +932,8 @@ def main(argv: list[str] | None = None) -> int:
                         budget,
                         mode,
                         args.peer_runs or args.runs,
+                        report["dtype"],
+                        args.peer_timeout,
                     )
                     result["mode"] = mode
                     report["peers"].append(result)
