@@ -77,6 +77,9 @@ __all__ = ["LiveError", "WavStream", "build_parser", "main"]
 
 PROG = "mlxasr live"
 STDIN = "-"
+# The outputs' name for a stream that is no file (--name NAME gives another).
+STDIN_NAME = "stdin"
+MICROPHONE_NAME = "microphone"
 SOUNDDEVICE_HINT = "the microphone needs the sounddevice package: pip install 'mlx-qwen3asr[live]'"
 
 CHUNK_SECONDS_RANGE = (0.1, 30.0)
@@ -96,16 +99,18 @@ sources:
                                    speaking pace with --realtime
 
 examples:
-  ffmpeg -loglevel error -i talk.m4a -f wav - | mlxasr live - --srt --output talk
-  arecord -q -f S16_LE -r 16000 -c 1 | mlxasr live - --txt --output notes
+  ffmpeg -loglevel error -i talk.m4a -f wav - | mlxasr live - --srt --name talk
+  arecord -q -f S16_LE -r 16000 -c 1 | mlxasr live - --txt -o notes/
   mlxasr live --input lecture.mp3 --realtime --language en
 
 outputs:
-  With a format option (--txt, --srt, --vtt, --json) or --output NAME, the committed segments are
-  written to NAME.txt, NAME.srt, ... (TXT when no format is named) and rewritten after each commit,
-  each file replaced whole. NAME defaults to the --input file's name without its extension, beside
-  it; standard input and the microphone need --output. Existing outputs are refused before the model
-  loads unless --overwrite is given. With SRT or VTT (or --word-timestamps) the words of each
+  With a format option (--txt, --srt, --vtt, --json), -o DIR or --name NAME, the committed segments
+  are written to DIR/NAME.txt, DIR/NAME.srt, ... (TXT when no format is named) and rewritten after
+  each commit, each file replaced whole. -o is the output folder, as for mlxasr (default: beside the
+  --input file); NAME defaults to the --input file's name without its extension, to "stdin" for
+  standard input and to "microphone". Outputs of standard input or the microphone need -o DIR or
+  --name NAME (then in the current folder). Existing outputs are refused before the model loads
+  unless --overwrite is given. With SRT or VTT (or --word-timestamps) the words of each
   committed segment are timed by the forced aligner, so cues break between words; an aligner that
   cannot be had gives one line and estimated cue times.
 
@@ -198,9 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument(
         "-o",
-        "--output",
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="write the outputs in DIR, as mlxasr does (default: beside the --input file; standard input "
+        "and the microphone need -o DIR or --name NAME)",
+    )
+    out.add_argument(
+        "--name",
         metavar="NAME",
-        help="write NAME.txt, NAME.srt, ... (default with --input FILE: FILE without its extension)",
+        help=f"the outputs' name: DIR/NAME.txt, DIR/NAME.srt, ... (default: the --input file's name without "
+        f"its extension; {STDIN_NAME} for standard input; {MICROPHONE_NAME} for the microphone)",
     )
     out.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -699,29 +712,36 @@ def _time_words(aligner, segments: list[Segment], audio: _Audio, language: str |
 
 
 def _plan(args: argparse.Namespace) -> FileJob | None:
-    formats = chosen_formats(args, "txt" if args.output is not None else None)
+    """The session's outputs: DIR/NAME.<format> (-o DIR, --name NAME), or None when none is asked for."""
+    placed = args.output_dir is not None or args.name is not None
+    formats = chosen_formats(args, "txt" if placed else None)
     if not formats:
         return None
-    if args.output is not None:
-        if not args.output or args.output.endswith(("/", os.sep)):
-            raise LiveError(f"--output {args.output!r}: give a file name without extension, e.g. out/talk")
-        base = Path(args.output)
-    elif args.input is not None:
-        path = Path(args.input)
-        base = path.parent / output_stem(path.name)
+    name = args.name
+    if name is not None and (name in ("", ".", "..") or "/" in name or os.sep in name):
+        raise LiveError(
+            f"--name {name!r}: give a file name without folder or extension, e.g. talk (the folder goes "
+            "with -o DIR)"
+        )
+    if args.input is not None:
+        source = Path(args.input)
+        folder = args.output_dir if args.output_dir is not None else source.parent
+        name = name or output_stem(source.name)
+    elif placed:
+        source = Path(STDIN_NAME if args.source == STDIN else MICROPHONE_NAME)
+        folder = args.output_dir if args.output_dir is not None else Path()
+        name = name or source.name
     else:
-        raise LiveError("outputs of standard input or the microphone need a name: --output NAME")
-    outputs = {fmt: base.parent / f"{base.name}.{fmt}" for fmt in formats}
-    source = (
-        Path(args.input)
-        if args.input is not None
-        else Path("stdin" if args.source == STDIN else "microphone")
-    )
+        raise LiveError(
+            "outputs of standard input or the microphone need a place: -o DIR (DIR/"
+            f"{STDIN_NAME if args.source == STDIN else MICROPHONE_NAME}.txt, ...) or --name NAME"
+        )
+    outputs = {fmt: folder / f"{name}.{fmt}" for fmt in formats}
     job = FileJob(InputFile(source), outputs)
     if args.input is not None:
         for path in outputs.values():
             if os.path.lexists(path) and os.path.lexists(args.input) and os.path.samefile(path, args.input):
-                raise LiveError(f"output {path} would replace the input; name the outputs with --output NAME")
+                raise LiveError(f"output {path} would replace the input; name the outputs with --name NAME")
     problem = output_problem(job)
     if problem is not None:
         raise LiveError(problem)
@@ -729,8 +749,8 @@ def _plan(args: argparse.Namespace) -> FileJob | None:
     if taken and not args.overwrite:
         names = ", ".join(str(outputs[f]) for f in taken)
         exist = "exists" if len(taken) == 1 else "exist"
-        raise LiveError(f"output {names} already {exist}; --overwrite replaces, --output NAME names others")
-    problem = prepare_output_folder(base.parent)
+        raise LiveError(f"output {names} already {exist}; --overwrite replaces, --name NAME names others")
+    problem = prepare_output_folder(folder)
     if problem is not None:
         raise LiveError(problem)
     return job
@@ -827,7 +847,7 @@ def _outputs_lock(job: FileJob | None) -> Iterator[None]:
         except OSError:
             raise LiveError(
                 f"another mlxasr live session is writing {first.with_suffix('')}.*; "
-                "give this one another --output NAME"
+                "give this one another --name NAME or -o DIR"
             ) from None
         try:
             yield

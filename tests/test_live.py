@@ -166,13 +166,13 @@ def test_raw_pcm_and_wav_on_stdin_give_the_input_file_text(tmp_path, ckpt):
     assert expected.strip()
 
     raw = run_live(
-        "-", "--model", ckpt, *STREAM, "--txt", "--output", "raw", stdin=raw_pcm(audio), cwd=tmp_path
+        "-", "--model", ckpt, *STREAM, "--txt", "--name", "raw", stdin=raw_pcm(audio), cwd=tmp_path
     )
     assert raw.returncode == 0, raw.stderr
     assert (tmp_path / "raw.txt").read_text(encoding="utf-8") == expected
 
     wav = run_live(
-        "-", "--model", ckpt, *STREAM, "--txt", "--output", "wav", stdin=audio.read_bytes(), cwd=tmp_path
+        "-", "--model", ckpt, *STREAM, "--txt", "--name", "wav", stdin=audio.read_bytes(), cwd=tmp_path
     )
     assert wav.returncode == 0, wav.stderr
     assert (tmp_path / "wav.txt").read_text(encoding="utf-8") == expected
@@ -182,7 +182,7 @@ def test_wav_stream_of_another_rate_and_layout_is_resampled_and_mixed(tmp_path, 
     mono = test_signal(3.0, 4, sample_rate=44100)
     buffer = io.BytesIO()
     sf.write(buffer, np.stack([mono, 0.5 * mono], axis=1), 44100, format="WAV", subtype="FLOAT")
-    done = run_live("-", "--model", ckpt, "--json", "--output", "st", stdin=buffer.getvalue(), cwd=tmp_path)
+    done = run_live("-", "--model", ckpt, "--json", "--name", "st", stdin=buffer.getvalue(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     doc = json.loads((tmp_path / "st.json").read_text(encoding="utf-8"))
     assert doc["duration"] == pytest.approx(3.0, abs=1e-3)
@@ -195,7 +195,7 @@ def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt
     cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, *STREAM]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [*cmd, "--srt", "--json", "--output", "cut"],
+            [*cmd, "--srt", "--json", "--name", "cut"],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.PIPE,
@@ -259,7 +259,7 @@ def test_a_bad_wav_header_on_stdin_is_one_line_and_status_1(tmp_path, case, monk
     (tmp_path / "in").write_bytes(data)
     with open(tmp_path / "in", "rb") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
-        status = main(["live", "-", "--model", str(tmp_path / "no-model"), "--txt", "--output", "x"])
+        status = main(["live", "-", "--model", str(tmp_path / "no-model"), "--txt", "--name", "x"])
     err = capsys.readouterr().err.splitlines()
     assert status == 1
     assert len(err) == 1 and err[0].startswith("mlxasr live: error: stdin: ") and reason in err[0], err
@@ -271,7 +271,7 @@ def test_an_odd_byte_count_on_stdin_is_said_and_the_rest_written(tmp_path, ckpt,
     (tmp_path / "in").write_bytes(pcm + b"\x01")
     with open(tmp_path / "in", "rb") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
-        status = main(["live", "-", "--model", ckpt, "--json", "--output", str(tmp_path / "odd"), "-q"])
+        status = main(["live", "-", "--model", ckpt, "--json", "-o", str(tmp_path), "--name", "odd", "-q"])
     err = capsys.readouterr().err.splitlines()
     assert status == 1
     assert err == [
@@ -339,7 +339,7 @@ def fake_sounddevice(samples: np.ndarray | None, rate: int = 48000) -> types.Mod
 
 def test_microphone_session_ends_with_ctrl_c_and_writes_its_outputs(tmp_path, ckpt, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "sounddevice", fake_sounddevice(test_signal(3.0, 7, sample_rate=48000)))
-    status = main(["live", "--model", ckpt, "--json", "--output", str(tmp_path / "mic"), "-q"])
+    status = main(["live", "--model", ckpt, "--json", "-o", str(tmp_path), "--name", "mic", "-q"])
     assert status == 130, capsys.readouterr().err
     doc = json.loads((tmp_path / "mic.json").read_text(encoding="utf-8"))
     assert doc["duration"] == pytest.approx(3.0, abs=1e-3)
@@ -365,7 +365,7 @@ def test_existing_output_is_refused_before_the_model_loads(tmp_path, ckpt, capsy
     assert status == 2
     assert err == [
         f"mlxasr live: error: output {tmp_path / 'talk.srt'} already exists; "
-        "--overwrite replaces, --output NAME names others"
+        "--overwrite replaces, --name NAME names others"
     ]
     assert (tmp_path / "talk.srt").read_text(encoding="utf-8") == "kept\n"
     assert not (tmp_path / "talk.txt").exists()
@@ -378,7 +378,7 @@ def test_existing_output_is_refused_before_the_model_loads(tmp_path, ckpt, capsy
     ("args", "reason"),
     [
         (["talk.wav"], "the only source argument is - (standard input)"),
-        (["-", "--txt"], "outputs of standard input or the microphone need a name: --output NAME"),
+        (["-", "--txt"], "outputs of standard input or the microphone need a place: -o DIR"),
         (["--realtime"], "--realtime paces a file: give it with --input FILE"),
         (["-", "--language", "Klingon"], "--language:"),
         (
@@ -444,7 +444,7 @@ def test_a_second_session_on_the_same_outputs_is_refused_and_the_lock_goes_with_
         assert status == 2
         assert [line for line in err.splitlines() if "error" in line] == [
             f"mlxasr live: error: another mlxasr live session is writing {tmp_path / 'talk'}.*; "
-            "give this one another --output NAME"
+            "give this one another --name NAME or -o DIR"
         ]
         assert not (tmp_path / "talk.txt").exists()
     finally:
@@ -461,7 +461,7 @@ def live_json(tmp_path, ckpt, *extra: str, name: str = "talk"):
     if not audio.exists():
         write_wav(audio, 8.0, 3)
     args = ["live", "--input", str(audio), "--model", ckpt, *STREAM, "--language", "en", "--json", *extra]
-    status = main([*args, "--output", str(tmp_path / name)])
+    status = main([*args, "-o", str(tmp_path), "--name", name])
     return status, json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
 
 
@@ -551,7 +551,9 @@ def test_under_10_ms_on_stdin_is_an_empty_transcript(tmp_path, ckpt, monkeypatch
     (tmp_path / "in").write_bytes(short_pcm(size))
     with open(tmp_path / "in", "rb") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
-        status = main(["live", "-", "--model", ckpt, "--json", "--txt", "--output", str(tmp_path / "short")])
+        status = main(
+            ["live", "-", "--model", ckpt, "--json", "--txt", "-o", str(tmp_path), "--name", "short"]
+        )
     err = capsys.readouterr().err
     assert status == 0, err
     assert "error" not in err
@@ -562,7 +564,7 @@ def test_under_10_ms_on_stdin_is_an_empty_transcript(tmp_path, ckpt, monkeypatch
 
 
 def test_under_10_ms_through_the_command_and_as_a_file_is_no_crash(tmp_path, ckpt):
-    done = run_live("-", "--model", ckpt, "--json", "--output", "piped", stdin=short_pcm(2), cwd=tmp_path)
+    done = run_live("-", "--model", ckpt, "--json", "--name", "piped", stdin=short_pcm(2), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert b"Traceback" not in done.stderr and b"error" not in done.stderr
     assert json.loads((tmp_path / "piped.json").read_text(encoding="utf-8"))["segments"] == []
@@ -608,7 +610,7 @@ def test_sigterm_is_a_stop_with_status_143_not_an_error(tmp_path, ckpt):
     cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, *STREAM]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [*cmd, "--json", "--output", "cut"],
+            [*cmd, "--json", "--name", "cut"],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.PIPE,
@@ -667,7 +669,7 @@ def test_a_stream_that_has_not_started_is_waited_for_with_the_model_loaded(tmp_p
     audio = write_wav(tmp_path / "talk.wav", 2.0, 3)
     cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, "--txt"]
     proc = subprocess.Popen(
-        [*cmd, "--output", "later"],
+        [*cmd, "--name", "later"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -741,3 +743,32 @@ def test_input_file_is_read_as_it_is_played_in_bounded_memory(tmp_path, monkeypa
     assert transcriber.samples == 10 * 60 * 16000
     assert len(reads) > 100 and transcriber.reads_at_first <= 3
     assert peak < 10_000_000, f"{peak / 1e6:.1f} MB at the peak"
+
+
+# --- -o DIR and --name ----------------------------------------------------------------------------------
+
+
+def test_o_is_the_output_folder_as_for_mlxasr_and_name_the_outputs_name(tmp_path, ckpt, monkeypatch, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 1.5, 2)
+    assert main(["live", "--input", str(audio), "--model", ckpt, "-o", str(tmp_path / "out"), "-q"]) == 0
+    assert (tmp_path / "out" / "talk.txt").is_file() and not (tmp_path / "out.txt").exists()
+    args = ["live", "--input", str(audio), "--model", ckpt, "--json", "-q"]
+    assert main([*args, "-o", str(tmp_path / "out"), "--name", "meeting"]) == 0
+    assert (tmp_path / "out" / "meeting.json").is_file()
+
+    (tmp_path / "in").write_bytes(raw_pcm(audio))
+    with open(tmp_path / "in", "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert main(["live", "-", "--model", ckpt, "--srt", "-o", str(tmp_path / "piped"), "-q"]) == 0
+    assert (tmp_path / "piped" / "stdin.srt").is_file()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ""])
+def test_a_name_with_a_folder_is_a_usage_error(tmp_path, name, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 1.0, 2)
+    status = main(["live", "--input", str(audio), "--model", "not-loaded", "--name", name])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith(f"mlxasr live: error: --name {name!r}: give a file name"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.wav"]
