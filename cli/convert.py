@@ -51,12 +51,18 @@ never quantized.
 
 exit status:
   {EXIT_OK}    the checkpoint was written
-  {EXIT_FAILED}    the conversion failed (unreadable tensor data, a full disk, an unwritable
-       destination, an output that does not load); nothing is left behind
-  {EXIT_USAGE}    usage error (bad option, DST exists without --force, DST is the source), or the
-       source cannot be used: missing, not a Qwen3-ASR checkpoint, already quantized, not cached
-       and the Hugging Face hub unreachable; nothing is written
-  {EXIT_INTERRUPTED}  interrupted with Ctrl-C, nothing is left behind ({EXIT_TERMINATED} for SIGTERM)"""
+  {EXIT_FAILED}    the conversion failed (unreadable tensor data, a full disk, a destination that
+       became unwritable, an output that does not load); nothing is left behind
+  {EXIT_USAGE}    usage error (bad option, DST exists without --force, DST is the source, names no
+       folder of its own such as ".", is a folder --force may not replace because it holds more
+       than a checkpoint, or cannot be written), or the source cannot be used: missing, not a
+       Qwen3-ASR checkpoint, already quantized, not cached and the Hugging Face hub unreachable;
+       nothing is written
+  {EXIT_INTERRUPTED}  interrupted with Ctrl-C, nothing is left behind ({EXIT_TERMINATED} for SIGTERM)
+
+A conversion killed outright (kill -9, a power cut) leaves a hidden folder
+".DST.mlxasr-<pid>-<host>-<random>.partial" beside DST; the next conversion into the same folder
+removes it once that process is gone, never one of a conversion still running."""
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -87,7 +93,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="dtype of unquantized weights (default bfloat16)",
     )
     ap.add_argument(
-        "--force", action="store_true", help="replace DST if it exists (once the new one is complete)"
+        "--force",
+        action="store_true",
+        help="replace DST if it exists and holds a checkpoint and nothing else (once the new one is complete)",
     )
     return ap
 

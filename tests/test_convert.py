@@ -420,14 +420,14 @@ def test_forced_aligner_converts(checkpoints, tmp_path, layout, measurements):
 def test_existing_destination_refused_then_forced(original, tmp_path, capsys):
     dst = tmp_path / "dst"
     dst.mkdir()
-    (dst / "keep.txt").write_text("precious")
+    (dst / "README.md").write_text("precious")
     rc, _, err = cli(capsys, original, "-o", dst, "--bits", "8")
     assert rc == 2 and "exists; use --force" in err  # a usage error, as mlxasr's
-    assert (dst / "keep.txt").read_text() == "precious"
+    assert (dst / "README.md").read_text() == "precious"
 
     rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "8", "--force")
     assert rc == 0 and "converted" in out
-    assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
+    assert not (dst / "README.md").exists() and (dst / "config.json").is_file()
     assert json.loads((dst / "config.json").read_text())["quantization"]["bits"] == 8
     assert leftovers(tmp_path) == []
     load(dst)
@@ -439,9 +439,9 @@ def test_force_keeps_old_destination_when_conversion_fails(original, tmp_path, c
     (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
     dst = tmp_path / "dst"
     dst.mkdir()
-    (dst / "keep.txt").write_text("precious")
+    (dst / "README.md").write_text("precious")
     rc, _, _ = cli(capsys, broken, "-o", dst, "--force")
-    assert rc == 2 and (dst / "keep.txt").read_text() == "precious"  # an unusable source: a usage error
+    assert rc == 2 and (dst / "README.md").read_text() == "precious"  # an unusable source: a usage error
     assert leftovers(tmp_path) == []
 
 
@@ -456,10 +456,10 @@ def test_a_failure_while_writing_exits_1(original, tmp_path, capsys, monkeypatch
     monkeypatch.setattr(conversion, "write_weights", full_disk)
     dst = tmp_path / "dst"
     dst.mkdir()
-    (dst / "keep.txt").write_text("precious")
+    (dst / "README.md").write_text("precious")
     rc, out, err = cli(capsys, original, "-o", dst, "--force")
     assert rc == 1 and out == "" and "No space left on device" in err.splitlines()[-1]
-    assert (dst / "keep.txt").read_text() == "precious"
+    assert (dst / "README.md").read_text() == "precious"
     assert leftovers(tmp_path) == []
 
 
@@ -648,3 +648,199 @@ def test_convert_subcommand_help(capsys):
     text = capsys.readouterr().out
     assert text.startswith("usage: mlxasr convert") and "--bits" in text
     assert "exit status" in text and "Hugging Face hub unreachable" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Killed runs, destinations that are no checkpoint folder, unwritable destinations
+# --------------------------------------------------------------------------------------------------
+
+# A conversion that stops for good once its output is written, before it is checked and renamed.
+STALLED = """
+import sys, time
+import mlx_qwen3asr.checkpoints.convert as conversion
+conversion.verify_output = lambda out: time.sleep(600)
+from mlx_qwen3asr.cli.convert import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def partials(folder: Path, name: str) -> list[Path]:
+    return sorted(folder.glob(f".{name}.mlxasr-*.partial"))
+
+
+def stalled_conversion(source: Path, dst: Path) -> tuple[subprocess.Popen, Path]:
+    """A conversion into dst that stalls with its temporary folder written; the process and the folder."""
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLED, str(source), "-o", str(dst)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = [p for p in partials(dst.parent, dst.name) if (p / "config.json").is_file()]
+        if found:
+            return proc, found[0]
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    pytest.fail(f"the conversion into {dst} wrote no temporary folder (status {proc.returncode})")
+
+
+def age(path: Path, seconds: float) -> None:
+    """Make a folder and what it holds look last written `seconds` ago."""
+    import time
+
+    when = time.time() - seconds
+    for p in [*path.iterdir(), path]:
+        os.utime(p, (when, when), follow_symlinks=False)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)
+    return proc.pid
+
+
+def test_a_killed_conversions_folder_is_removed_by_the_next_run_and_a_live_runs_is_kept(
+    original, tmp_path, capsys
+):
+    import signal
+
+    live, live_folder = stalled_conversion(original, tmp_path / "live")
+    try:
+        killed, killed_folder = stalled_conversion(original, tmp_path / "killed")
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=60)
+        assert killed_folder.is_dir() and f".mlxasr-{killed.pid}-" in killed_folder.name
+        # Both look long untouched: only whether their process lives tells them apart.
+        age(killed_folder, 300)
+        age(live_folder, 300)
+
+        rc, out, err = cli(capsys, original, "-o", tmp_path / "next", "--bits", "8")
+        assert rc == 0, err
+        assert not killed_folder.exists()
+        assert f"removed 1 folder(s) left by killed conversions: {killed_folder.name}" in err
+        assert live_folder.is_dir() and (live_folder / "config.json").is_file()
+        assert live.poll() is None
+        assert leftovers(tmp_path) == [live_folder.name]
+    finally:
+        live.kill()
+        live.wait(timeout=60)
+
+
+def test_only_stale_temporary_folders_of_this_machine_are_cleared(tmp_path):
+    from mlx_qwen3asr.checkpoints import convert as conversion
+
+    host, gone = conversion._host(), dead_pid()
+    other_host = "0" * 8 if host != "0" * 8 else "1" * 8
+
+    def folder(name: str, pid: int, kind: str, machine: str = host) -> Path:
+        path = tmp_path / f".{name}.mlxasr-{pid}-{machine}-0a1b2c3d.{kind}"
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+        age(path, 300)
+        return path
+
+    stale = folder("a", gone, "partial")
+    mine = folder("b", os.getpid(), "partial")  # a live run: this one
+    elsewhere = folder("c", gone, "partial", other_host)  # another machine's run sharing the folder
+    recent = folder("d", gone, "partial")
+    age(recent, 5)  # written to a moment ago
+    replaced = folder("e", gone, "old")  # its replacement is in place: removed
+    (tmp_path / "e").mkdir()
+    half_replaced = folder("f", gone, "old")  # killed between the two renames: put back
+    older = tmp_path / ".g.abcd1234.partial"  # an unknown name: not ours to judge
+    older.mkdir()
+
+    removed, restored = conversion.remove_stale_folders(tmp_path)
+    assert sorted(removed) == sorted([stale, replaced])
+    assert restored == [tmp_path / "f"] and (tmp_path / "f" / "config.json").is_file()
+    assert not half_replaced.exists()
+    for kept in (mine, elsewhere, recent, older):
+        assert kept.is_dir()
+
+
+@pytest.mark.parametrize("where", [".", "..", "/"])
+def test_a_destination_that_names_no_folder_is_a_usage_error(where, original, tmp_path, capsys, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    before = sorted(os.listdir(tmp_path)), sorted(os.listdir(work))
+    rc, out, err = cli(capsys, original, "-o", where, "--force")
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [
+        f"mlxasr-convert: error: destination {where!r} names no folder of its own; give the folder to "
+        "create, such as ./qwen3-asr-4bit"
+    ]
+    assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(work))) == before
+
+
+def test_force_replaces_only_a_checkpoint_folder(original, tmp_path, capsys):
+    dst = tmp_path / "models"
+    dst.mkdir()
+    (dst / "config.json").write_text("{}")
+    (dst / "notes.txt").write_text("precious")
+    (dst / "runs").mkdir()
+    before = sorted(p.name for p in dst.iterdir())
+    rc, out, err = cli(capsys, original, "-o", dst, "--bits", "8", "--force")
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [
+        f"mlxasr-convert: error: {dst} is not a checkpoint folder (it holds notes.txt, runs/); --force "
+        "replaces only a checkpoint folder (config.json, safetensors, tokenizer files): choose another "
+        "destination"
+    ]
+    assert sorted(p.name for p in dst.iterdir()) == before and (dst / "notes.txt").read_text() == "precious"
+    assert leftovers(tmp_path) == []
+
+    # A checkpoint as a hub download leaves it (README, .gitattributes, the .cache folder) is replaced.
+    hub = copy_checkpoint(original, tmp_path / "hub")
+    (hub / "README.md").write_text("model card")
+    (hub / ".gitattributes").write_text("*.safetensors filter=lfs")
+    (hub / ".cache" / "huggingface").mkdir(parents=True)
+    rc, out, err = cli(capsys, original, "-o", hub, "--bits", "8", "--force")
+    assert rc == 0, err
+    assert not (hub / "README.md").exists() and not (hub / ".cache").exists()
+    assert json.loads((hub / "config.json").read_text())["quantization"]["bits"] == 8
+
+
+def test_an_unwritable_destination_is_one_line(original, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from mlx_qwen3asr.checkpoints import convert as conversion
+
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    real_mkdir = os.mkdir
+
+    def read_only_mkdir(path, *args, **kwargs):
+        # Root may write anywhere whatever the mode; refuse as a read-only file system does.
+        if locked in Path(os.fsdecode(path)).parents:
+            raise OSError(errno.EROFS, "Read-only file system", os.fsdecode(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only_mkdir)
+    for dst in (locked / "out", locked / "deeper" / "out"):
+        rc, out, err = cli(capsys, original, "-o", dst, "--bits", "8")
+        assert rc == 2 and out == ""  # before the source is read, as mlxasr's unwritable output folders
+        assert err.splitlines() == [
+            f"mlxasr-convert: error: cannot write {dst}: {locked} does not take new folders "
+            "(Read-only file system)"
+        ]
+        assert list(locked.iterdir()) == []
+
+    # A file system that turns read-only during the conversion: status 1, still one line.
+    monkeypatch.setattr(os, "mkdir", real_mkdir)
+
+    def read_only(tensors, out, max_bytes):
+        raise OSError(errno.EROFS, "Read-only file system", str(out / "model.safetensors"))
+
+    monkeypatch.setattr(conversion, "write_weights", read_only)
+    dst = tmp_path / "later"
+    rc, out, err = cli(capsys, original, "-o", dst, "--bits", "8")
+    assert rc == 1 and out == ""
+    assert err.splitlines()[-1] == f"mlxasr-convert: error: cannot write {dst} (Read-only file system)"
+    assert "Errno" not in err and not dst.exists() and leftovers(tmp_path) == []

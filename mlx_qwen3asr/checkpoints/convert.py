@@ -32,17 +32,28 @@ of the decoder, as mlx-audio's conversions do, so both tools agree on which tens
 
 The result is written into a temporary directory next to the destination and renamed into place
 once complete and verified with the engine's own strict loader checks, so a failed run leaves
-nothing behind and `force` replaces an existing destination only after the new one is whole.
+nothing behind and `force` replaces an existing destination only after the new one is whole, and
+only when it is a checkpoint folder (nothing in it but checkpoint files). The temporary directory,
+`.<name>.mlxasr-<pid>-<host>-<random>.partial`, names the process and the machine that write it: one
+left by a run that was killed (kill -9, a power cut) is removed by the next conversion into the
+same folder once that process is gone and nothing has been written in it for a minute; a live
+run's, on this machine or another sharing the folder, is never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
+import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
-import uuid
+import socket
+import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +73,7 @@ from mlx_qwen3asr.checkpoints.loading import (
 )
 from mlx_qwen3asr.model.config import ModelConfig
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
+from mlx_qwen3asr.runtime.atomic import name_max
 
 QUANT_BITS = (4, 8)
 ENCODER_BITS = (4, 8, 16)
@@ -73,6 +85,23 @@ READERS_QUANTIZED_ENCODER = "mlx_qwen3asr and mlx-qwen3-asr; not mlx-audio, whic
 # Tokenizer, preprocessor and chat-template files travel with the weights.
 COPY_PATTERNS = ("*.json", "*.txt", "*.jinja", "tokenizer.*")
 NOT_COPIED = frozenset({"config.json", "model.safetensors.index.json"})
+# What a checkpoint folder holds, and so what --force may replace: weights, configs, tokenizer and
+# template files, and what hubs put beside them (README, licence, .gitattributes; the `.cache` folder
+# of `huggingface-cli download --local-dir`). Anything else means the folder is not a checkpoint.
+CHECKPOINT_FILE = re.compile(
+    r"[^/]+\.(json|safetensors|jinja|tiktoken|model)|merges\.txt|vocab\.txt|tokenizer\.[^/]+"
+    r"|readme(\.md)?|license(\.[a-z]+)?|notice(\.[a-z]+)?|\.gitattributes",
+    re.IGNORECASE,
+)
+CHECKPOINT_FOLDERS = frozenset({".cache"})
+# Our temporary folders beside the destination: the conversion being written (.partial), and an old
+# destination being replaced (.old); they name the process and the machine (a hash of its host name).
+TEMP_FOLDER = re.compile(
+    r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<host>[0-9a-f]{8})-[0-9a-f]+\.(?P<kind>partial|old)", re.S
+)
+# A temporary folder whose process is gone and where nothing was written for this long was left by a
+# run that was killed.
+STALE_SECONDS = 60.0
 
 
 class ConvertError(Exception):
@@ -337,6 +366,156 @@ def _exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+def _reason(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The names in folder that no checkpoint holds (sorted); --force replaces only a folder without any."""
+    foreign = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                ok = entry.name in CHECKPOINT_FOLDERS
+            else:
+                ok = CHECKPOINT_FILE.fullmatch(entry.name) is not None
+            if not ok:
+                foreign.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+    return sorted(foreign)
+
+
+def _check_replaceable(dst: Path) -> None:
+    """--force replaces dst only when it is a checkpoint folder (or a link, or empty)."""
+    if dst.is_symlink() or not dst.is_dir():
+        return
+    try:
+        foreign = foreign_entries(dst)
+    except OSError as e:
+        raise ConvertError(
+            f"cannot read {dst} ({_reason(e)}); --force replaces only a checkpoint folder"
+        ) from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConvertError(
+            f"{dst} is not a checkpoint folder (it holds {shown}); --force replaces only a checkpoint "
+            "folder (config.json, safetensors, tokenizer files): choose another destination"
+        )
+
+
+def check_destination(dst: Path, force: bool) -> None:
+    """Refuse, before anything is read or written, a destination that cannot be made or replaced."""
+    if dst.name in ("", ".", ".."):
+        raise ConvertError(
+            f"destination {str(dst)!r} names no folder of its own; give the folder to create, "
+            "such as ./qwen3-asr-4bit"
+        )
+    if _exists(dst) and not force:
+        raise ConvertError(f"{dst} exists; use --force to replace it")
+    if _exists(dst) and not dst.is_dir():
+        raise ConvertError(f"{dst} exists and is not a directory; remove it first")
+    if _exists(dst):
+        _check_replaceable(dst)
+    # The nearest folder that exists must take new folders: missing ones are made in it, or the
+    # temporary folder beside the destination.
+    folder = dst.parent
+    while not _exists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConvertError(f"cannot create {dst}: {folder} is not a folder")
+    probe = _temp_folder(folder, dst.name, "partial")
+    try:
+        probe.mkdir()
+    except OSError as e:
+        raise ConvertError(f"cannot write {dst}: {folder} does not take new folders ({_reason(e)})") from None
+    with contextlib.suppress(OSError):
+        probe.rmdir()
+
+
+def _host() -> str:
+    """This machine, as the temporary folders name it: a short hash of its host name."""
+    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def _temp_folder(folder: Path, name: str, kind: str) -> Path:
+    """A fresh temporary folder name beside `folder / name`, within the file system's name limit."""
+    tail = f".mlxasr-{os.getpid()}-{_host()}-{secrets.token_hex(4)}.{kind}"
+    room = name_max(folder) - 1 - len(tail)
+    while len(os.fsencode(name)) > room and len(name) > 1:
+        name = name[:-1]
+    return folder / f".{name}{tail}"
+
+
+def _make_temp_folder(folder: Path, name: str) -> Path:
+    for _ in range(100):
+        path = _temp_folder(folder, name, "partial")
+        try:
+            path.mkdir()  # the usual permissions (umask), which the rename keeps
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no free temporary folder name", str(folder))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but is someone else's, or we cannot tell: it may be alive
+        return True
+    return True
+
+
+def _last_written(path: Path) -> float:
+    """The latest modification time of a folder and of what it holds (one level: a checkpoint's)."""
+    latest = path.lstat().st_mtime
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                latest = max(latest, entry.stat(follow_symlinks=False).st_mtime)
+    return latest
+
+
+def remove_stale_folders(
+    folder: Path, *, min_age: float = STALE_SECONDS, now: float | None = None
+) -> tuple[list[Path], list[Path]]:
+    """Clear the temporary folders that killed conversions left in folder: returns (removed, restored).
+
+    Only folders named like ours (TEMP_FOLDER) made on this machine by a process that no longer exists,
+    where nothing was written for min_age seconds, are touched: a live conversion keeps its folder,
+    whichever machine runs it. A `.partial` one is removed. An `.old` one is a destination that was
+    being replaced: removed when its replacement is in place, else renamed back to its name.
+    """
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    restored: list[Path] = []
+    try:
+        with os.scandir(folder) as it:
+            found = [(Path(e.path), m) for e in it if (m := TEMP_FOLDER.fullmatch(e.name))]
+    except OSError:
+        return removed, restored
+    host = _host()
+    for path, match in found:
+        try:
+            if not stat.S_ISDIR(path.lstat().st_mode) or match["host"] != host:
+                continue
+            if _pid_alive(int(match["pid"])) or now - _last_written(path) < min_age:
+                continue
+            if match["kind"] == "old":
+                target = folder / match["name"]
+                if not _exists(target):
+                    os.rename(path, target)
+                    restored.append(target)
+                    continue
+            shutil.rmtree(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed, restored
+
+
 def _install(tmp: Path, dst: Path, force: bool) -> None:
     """Move the finished checkpoint into place; an existing destination goes only once it is replaced."""
     if not _exists(dst):
@@ -344,7 +523,8 @@ def _install(tmp: Path, dst: Path, force: bool) -> None:
         return
     if not force:
         raise ConvertError(f"{dst} exists (appeared during the conversion); use --force to replace it")
-    old = dst.with_name(f".{dst.name}.old-{uuid.uuid4().hex[:8]}")
+    _check_replaceable(dst)  # what it holds may have changed during the conversion
+    old = _temp_folder(dst.parent, dst.name, "old")
     os.rename(dst, old)
     try:
         os.rename(tmp, dst)
@@ -375,10 +555,7 @@ def convert_checkpoint(
     say = log or (lambda _msg: None)
     recipe = make_recipe(bits, group_size, encoder_bits, dtype)
     dst = Path(dst).expanduser()
-    if _exists(dst) and not force:
-        raise ConvertError(f"{dst} exists; use --force to replace it")
-    if _exists(dst) and not dst.is_dir():
-        raise ConvertError(f"{dst} exists and is not a directory; remove it first")
+    check_destination(dst, force)
     try:
         src_path = resolve_model_path(src)
     except ModelLoadError as e:
@@ -399,11 +576,14 @@ def convert_checkpoint(
     tmp: Path | None = None
     try:
         _make_parents(dst.parent, created)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
-        # mkdtemp's private 0700 would outlive the rename; give the directory the usual permissions.
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
+        removed, restored = remove_stale_folders(dst.parent)
+        if removed:
+            say(f"removed {len(removed)} folder(s) left by killed conversions: {_names(removed)}")
+        for path in restored:
+            say(f"put back {path}, which a killed conversion was replacing")
+        if _exists(dst) and not force:  # one put back, or made meanwhile
+            raise ConvertError(f"{dst} exists; use --force to replace it")
+        tmp = _make_temp_folder(dst.parent, dst.name)
         say(f"writing {recipe.describe()} into {tmp.name}")
         files = write_weights(plan.tensors, tmp, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, ensure_ascii=False) + "\n")
@@ -422,8 +602,14 @@ def convert_checkpoint(
             raise
         if isinstance(e, ModelLoadError):
             raise ConvertError(f"the written checkpoint does not load: {e}") from e
+        if isinstance(e, OSError) and e.errno is not None:
+            # A file of the source that cannot be read, or (any other) an unwritable destination or a
+            # full disk: one line with the system's reason.
+            if e.filename and _inside(Path(os.fsdecode(e.filename)), src_path):
+                raise ConvertError(f"cannot read {os.fsdecode(e.filename)} ({_reason(e)})") from e
+            raise ConvertError(f"cannot write {dst} ({_reason(e)})") from e
         if isinstance(e, Exception):
-            # Unreadable tensor data (a truncated shard), an unwritable destination or a full disk.
+            # Unreadable tensor data (a truncated shard).
             raise ConvertError(f"conversion of {src_path} failed: {e.__class__.__name__}: {e}") from e
         raise
     return ConversionResult(
@@ -438,4 +624,23 @@ def convert_checkpoint(
     )
 
 
-__all__ = ["ConversionResult", "ConvertError", "Recipe", "convert_checkpoint", "make_recipe"]
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or folder in path.parents
+
+
+def _names(paths: list[Path]) -> str:
+    shown = ", ".join(p.name for p in paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+__all__ = [
+    "ConversionResult",
+    "ConvertError",
+    "Recipe",
+    "check_destination",
+    "convert_checkpoint",
+    "foreign_entries",
+    "make_recipe",
+    "remove_stale_folders",
+]
