@@ -309,7 +309,7 @@ def _align(args: argparse.Namespace, say: Say) -> int:
             aligner = load(source, dtype=args.dtype)
             require_kind(aligner, "aligner")
         except Exception as e:
-            raise AlignError(f"aligner {source}: {load_reason(source, e)}") from None
+            raise AlignError(f"aligner {source}: {load_reason(source, e, '--aligner')}") from None
         known = aligner_languages(aligner)
         if language not in known:
             raise AlignError(

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from mlx_qwen3asr.checkpoints.hub import LOCAL_FOLDER, HubError
 from mlx_qwen3asr.checkpoints.loading import load, require_kind
 from mlx_qwen3asr.cli.options import ALIGNER_ENV, DEFAULT_ALIGNER
 from mlx_qwen3asr.runtime.messages import one_line
 
-__all__ = ["Aligner", "Messages", "load_aligner", "load_model", "load_reason"]
+__all__ = ["Aligner", "Messages", "hub_error", "load_aligner", "load_model", "load_reason"]
 
 
 class Messages(Protocol):
@@ -25,12 +26,28 @@ class Messages(Protocol):
     def warning(self, line: str) -> None: ...
 
 
-def load_reason(source: str, e: BaseException) -> str:
-    """Why source did not load, on one line, without the source that the message may start with."""
+def hub_error(e: BaseException | None) -> HubError | None:
+    """The HubError behind a loading error (the checkpoint was not cached and could not be fetched)."""
+    seen = []
+    while e is not None and e not in seen:
+        if isinstance(e, HubError):
+            return e
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def load_reason(source: str, e: BaseException, option: str | None = None) -> str:
+    """Why source did not load, on one line, without the source that the message may start with.
+
+    option: the command's option that names a checkpoint (`--model`): where the hub could not give it,
+    the message says to give a local checkpoint folder with that option."""
     reason = one_line(e) or type(e).__name__
     for prefix in (source, str(Path(source).expanduser()), str(Path(source).expanduser().resolve())):
         if reason.startswith(prefix + ": "):
             reason = reason[len(prefix) + 2 :]
+    if option and hub_error(e) is not None:
+        reason = reason.replace(LOCAL_FOLDER, f"{LOCAL_FOLDER} with {option} PATH")
     return reason
 
 
@@ -42,7 +59,7 @@ def load_model(source: str, dtype: str | None, say: Messages) -> Any | None:
         model = load(source, dtype=dtype)
         require_kind(model, "asr")
     except Exception as e:
-        say.error(f"model {source}: {load_reason(source, e)}")
+        say.error(f"model {source}: {load_reason(source, e, '--model')}")
         return None
     return model
 
@@ -70,10 +87,13 @@ def load_aligner(flag: str | None, dtype: str | None, say: Messages, *, instead:
         aligner = load(source, dtype=dtype)
         require_kind(aligner, "aligner")
     except Exception as e:
-        reason = load_reason(source, e)
         if named:
-            say.error(f"aligner {source}: {reason}")
+            say.error(f"aligner {source}: {load_reason(source, e, '--aligner')}")
             return Aligner(source, stop=True)
+        # The default one out of reach: the reason in a few words, then what is done and how to do
+        # better (`instead`), on one line that is not mostly the hub's advice.
+        hub = hub_error(e)
+        reason = hub.short if hub is not None else load_reason(source, e)
         say.warning(f"aligner {source}: {reason}; {instead}")
         return Aligner(source)
     return Aligner(source, aligner)

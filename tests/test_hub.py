@@ -367,3 +367,67 @@ def test_size_mismatch_is_summarised(tmp_path, checkpoints):
     assert len(message) < 1200 and "\n" not in message
     assert "weight shape(s) differ: " in message and " more" in message
     assert "config.json's sizes do not match these weights" in message
+
+
+def closed_port() -> int:
+    """A local port where nothing listens: connections to it are refused at once."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    return port
+
+
+def run_without_defaults(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`mlxasr ARGS` as a first run: no $MLXASR_MODEL nor $MLXASR_ALIGNER, nothing in the hub cache."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("MLXASR_MODEL", "MLXASR_ALIGNER")}
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_qwen3asr.cli.main", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=SLACK + 120,
+        cwd=REPO_ROOT,
+    )
+
+
+def test_a_first_run_without_a_hub_says_how_to_give_a_local_model(tmp_path):
+    import soundfile as sf
+
+    sf.write(tmp_path / "talk.wav", np.zeros(16000, dtype=np.float32), 16000)
+    (tmp_path / "hub").mkdir()
+    env = hub_env(tmp_path / "hub", f"http://127.0.0.1:{closed_port()}")
+    proc = run_without_defaults([str(tmp_path / "talk.wav"), "--srt"], env)
+    assert proc.returncode == 2, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "error" in line] == [
+        "error: model Qwen/Qwen3-ASR-0.6B: cannot reach the Hugging Face hub and no complete copy is "
+        "cached; check the network, or give a local checkpoint folder with --model PATH"
+    ]
+    # mlxasr align names its own option for the aligner.
+    (tmp_path / "talk.txt").write_text("hello there", encoding="utf-8")
+    proc = run_without_defaults(
+        ["align", str(tmp_path / "talk.wav"), "--text", str(tmp_path / "talk.txt")], env
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert line.endswith("or give a local checkpoint folder with --aligner PATH"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hub", "talk.txt", "talk.wav"]
+
+
+def test_with_only_a_local_model_the_default_aligner_out_of_reach_is_one_short_warning(tmp_path, checkpoints):
+    import soundfile as sf
+
+    sf.write(tmp_path / "talk.wav", np.zeros(16000, dtype=np.float32), 16000)
+    (tmp_path / "hub").mkdir()
+    env = hub_env(tmp_path / "hub", f"http://127.0.0.1:{closed_port()}")
+    proc = run_without_defaults(
+        [str(tmp_path / "talk.wav"), "--srt", "--model", str(checkpoints("tiny"))], env
+    )
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = [line for line in proc.stderr.splitlines() if "aligner" in line]
+    assert warning.startswith(
+        "warning: aligner Qwen/Qwen3-ForcedAligner-0.6B: not cached, hub unreachable; cue times are "
+        "estimated from the text instead"
+    ), warning
+    assert len(warning) < 210 and "check the network" not in warning, len(warning)
+    assert (tmp_path / "talk.srt").is_file()

@@ -41,8 +41,19 @@ _WORKER = (
 )
 
 
+# How every message ends that a local checkpoint would avoid; a command adds its option (`--model PATH`).
+LOCAL_FOLDER = "give a local checkpoint folder"
+
+
 class HubError(Exception):
-    """The repo could not be found in the cache nor fetched; the message says why and what to do."""
+    """The repo could not be found in the cache nor fetched; the message says why and what to do.
+
+    short: the reason alone, in a few words, for a line that says itself what to do instead (the
+    default aligner out of reach: words are then not timed)."""
+
+    def __init__(self, message: str, short: str | None = None) -> None:
+        super().__init__(message)
+        self.short = short or message
 
 
 def read_timeout() -> float:
@@ -91,20 +102,26 @@ def snapshot(repo: str) -> Path:
     if constants.HF_HUB_OFFLINE:
         raise HubError(
             f"{repo}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set; "
-            "download it once with the network on, or give a checkpoint folder"
+            f"download it once with the network on, or {LOCAL_FOLDER}",
+            "not cached, HF_HUB_OFFLINE set",
         )
     request = {"repo": repo, "cache_dir": str(constants.HF_HUB_CACHE), "endpoint": constants.ENDPOINT}
     result = _fetch(request, read_timeout())
     if "path" in result:
         return Path(result["path"])
-    raise HubError(f"{repo}: {_reason(result.get('error') or [['Exception', 'no result']])}")
+    chain = result.get("error") or [["Exception", "no result"]]
+    raise HubError(f"{repo}: {_reason(chain)}", _short_reason(chain))
 
 
 def _silent(seconds: float) -> str:
     return (
         f"the Hugging Face hub did not answer within {seconds:g} s; check the network, set "
-        f"{TIMEOUT_ENV} to wait longer, or give a local checkpoint folder"
+        f"{TIMEOUT_ENV} to wait longer, or {LOCAL_FOLDER}"
     )
+
+
+def _silent_short(seconds: float) -> str:
+    return f"not cached, hub silent for {seconds:g} s"
 
 
 def _fetch(request: dict, timeout: float) -> dict:
@@ -121,7 +138,7 @@ def _fetch(request: dict, timeout: float) -> dict:
             stdout=subprocess.PIPE,
         )
     except OSError as e:
-        raise HubError(f"{repo}: cannot start the download ({e})") from e
+        raise HubError(f"{repo}: cannot start the download ({e})", "not cached, download cannot start") from e
     lines: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def read() -> None:
@@ -138,10 +155,16 @@ def _fetch(request: dict, timeout: float) -> dict:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 if started:
-                    raise HubError(f"{repo}: {_silent(timeout)}") from None
-                raise HubError(f"{repo}: the download did not start within {START_TIMEOUT:g} s") from None
+                    raise HubError(f"{repo}: {_silent(timeout)}", _silent_short(timeout)) from None
+                raise HubError(
+                    f"{repo}: the download did not start within {START_TIMEOUT:g} s",
+                    "not cached, download did not start",
+                ) from None
             if line is None:
-                raise HubError(f"{repo}: the download stopped (exit status {proc.wait()})")
+                raise HubError(
+                    f"{repo}: the download stopped (exit status {proc.wait()})",
+                    "not cached, download stopped",
+                )
             if line.startswith(b"result "):
                 return json.loads(line[len(b"result ") :])
             started = True  # progress: the clock starts again
@@ -269,12 +292,24 @@ def _reason(chain: list[list[str]]) -> str:
     """One line from the fetch's exception chain, as [type name, message] pairs, outermost first."""
     name, text = chain[0]
     if any("Timeout" in n or "timed out" in t.lower() for n, t in chain):
-        return "a request to the Hugging Face hub timed out; check the network, or give a local checkpoint folder"
+        return f"a request to the Hugging Face hub timed out; check the network, or {LOCAL_FOLDER}"
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
         return "no such repository on the Hugging Face hub, or it needs a login (huggingface-cli login)"
     if name in ("LocalEntryNotFoundError", "ConnectionError", "OfflineModeIsEnabled"):
         return (
             "cannot reach the Hugging Face hub and no complete copy is cached; check the network, "
-            "or give a local checkpoint folder"
+            f"or {LOCAL_FOLDER}"
         )
     return f"cannot fetch from the Hugging Face hub ({name}: {text[:300]})"
+
+
+def _short_reason(chain: list[list[str]]) -> str:
+    """_reason in a few words, without the advice."""
+    name = chain[0][0]
+    if any("Timeout" in n or "timed out" in t.lower() for n, t in chain):
+        return "not cached, hub request timed out"
+    if name in ("RepositoryNotFoundError", "GatedRepoError"):
+        return "not on the hub (or it needs a login)"
+    if name in ("LocalEntryNotFoundError", "ConnectionError", "OfflineModeIsEnabled"):
+        return "not cached, hub unreachable"
+    return f"not cached, hub failed ({name})"
