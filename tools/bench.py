@@ -357,11 +357,13 @@ def run_peer(
     runs: int,
     dtype: str = "float32",
     timeout: float = 3600.0,
+    warmup: int = 1,
 ) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [python, str(REPO_ROOT / "tools" / "peers.py"), "--peer", peer, "--model", str(model)]
     cmd += budget.peer_args() + ["--mode", mode, "--runs", str(runs), "--json", str(out), "--dtype", dtype]
+    cmd += ["--warmup", str(warmup)]
     cmd += [str(p) for p in paths]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -798,6 +800,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--peer-timeout", type=float, default=3600.0, help="seconds a peer's run may take")
     ap.add_argument(
+        "--peer-warmup",
+        type=int,
+        default=1,
+        help="untimed runs of each peer first (ours has one): kernels compiled on first use are not timed",
+    )
+    ap.add_argument(
         "--peer-results",
         nargs="*",
         default=[],
@@ -934,6 +942,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.peer_runs or args.runs,
                         report["dtype"],
                         args.peer_timeout,
+                        args.peer_warmup,
                     )
                     result["mode"] = mode
                     report["peers"].append(result)
