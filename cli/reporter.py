@@ -18,7 +18,6 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
-    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -30,7 +29,7 @@ from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.runtime.messages import one_line
 
-__all__ = ["Reporter", "Summary", "duration", "printable"]
+__all__ = ["Reporter", "Summary", "duration", "length", "printable"]
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Bidirectional overrides and isolates reorder the text around them on a terminal.
@@ -69,6 +68,22 @@ def duration(s: float) -> str:
     m, s = divmod(int(round(s)), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def length(s: float) -> str:
+    """An amount of audio or time in words: "42.0 s", "3 min 05 s", "2 h 05 min" (never "0.00 h")."""
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(round(s)), 60)
+    if m < 60:
+        return f"{m} min {sec:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
+
+
+def files_done(finished: int, count: int, failed: int = 0) -> str:
+    """The files finished so far, as the bar's label: "2/6 files", "2/6 files (1 failed)"."""
+    return f"{finished}/{count} files" + (f" ({failed} failed)" if failed else "")
 
 
 @dataclass
@@ -116,6 +131,15 @@ class _Realtime(ProgressColumn):
         return Text(f"{speed:.1f}x realtime" if speed else "", style="cyan")
 
 
+class _AudioShare(ProgressColumn):
+    """The share of the audio done, said as such: the bar measures audio, and the files finished (the
+    label) lag behind it, since segments are decoded longest first across all files."""
+
+    def render(self, task: Task) -> Text:
+        share = min(100.0, 100.0 * task.completed / task.total) if task.total else 0.0
+        return Text(f"{share:3.0f}% of audio", style="progress.percentage")
+
+
 class _TimeLeft(ProgressColumn):
     """Wall-clock time left at the speed so far (the task's `left` field, once work is done)."""
 
@@ -146,6 +170,7 @@ class Reporter:
         self._completed = 0.0
         self._total = 0.0
         self._started = self._last_line = self._last_bar = 0.0
+        self._failed = 0  # files failed while transcribed, for the bar's label
         self._gone: set[int] = set()  # streams whose reader has gone
 
     def write(self, stream: TextIO, line: str) -> None:
@@ -195,13 +220,14 @@ class Reporter:
         self._totals = [max(float(e), 0.0) for e in estimates]
         self._done = [0.0] * len(self._totals)
         self._completed, self._total = 0.0, sum(self._totals)
+        self._failed = 0
         self._started = self._last_line = self._last_bar = time.monotonic()
         if not self.rich:
             return
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            TaskProgressColumn(),
+            _AudioShare(),
             _Realtime(),
             TimeElapsedColumn(),
             TextColumn("eta"),
@@ -222,7 +248,7 @@ class Reporter:
     ) -> None:
         """One line: how long loading took, the files to transcribe, the batch and the aligner."""
         if self._progress is not None:
-            self._progress.update(self._task, description=f"0/{count} files")
+            self._progress.update(self._task, description=files_done(0, count))
         if batch_size:
             line = f"transcribing {count} file(s), {batch_size} segment(s) at a time"
         else:
@@ -285,9 +311,14 @@ class Reporter:
             where = "" if source is None else f"{source} "
             self.info(f"  {where}[{stamp}] {one_line(seg.text)}")
 
-    def file_finished(self, finished: int, count: int, index: int, actual_seconds: float | None) -> None:
-        """File `index` is finished: its real duration (None: it failed, and counts for the work done
-        on it) replaces its estimate; the progress never goes back."""
+    def file_finished(
+        self, finished: int, count: int, index: int, actual_seconds: float | None, source: Path | None = None
+    ) -> None:
+        """File `index` is finished, the `finished`-th of `count`: its real duration (None: it failed,
+        and counts for the work done on it) replaces its estimate; the progress never goes back.
+
+        source: name the file on a line of its own, "[2/6] done talk.wav: 42.0 s of audio" or
+        "[1/6] failed bad.wav", so that every file takes its place in the count visibly."""
         if 0 <= index < len(self._done):
             done = self._done[index]
             if actual_seconds is not None and actual_seconds > done:  # the work not yet reported
@@ -295,8 +326,14 @@ class Reporter:
                 self._done[index] = done = actual_seconds
             self._total += done - self._totals[index]
             self._totals[index] = done
+        self._failed += actual_seconds is None
         if self._progress is not None:
-            self._show(time.monotonic(), description=f"{finished}/{count} files")
+            self._show(time.monotonic(), description=files_done(finished, count, self._failed))
+        if source is not None:
+            if actual_seconds is None:
+                self.info(f"[{finished}/{count}] failed {source}")
+            else:
+                self.info(f"[{finished}/{count}] done {source}: {duration(actual_seconds)} of audio")
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -306,7 +343,6 @@ class Reporter:
     def summary(self, s: Summary) -> None:
         if self.quiet:
             return
-        hours = s.audio_seconds / 3600
         if self.rich:
             table = Table(title="mlxasr summary", show_header=False, title_justify="left")
             table.add_column(style="bold")
@@ -320,8 +356,8 @@ class Reporter:
                 table.add_row("existing outputs kept", str(s.kept))
             if s.warned:
                 table.add_row("with warnings", str(s.warned), style="yellow")
-            table.add_row("audio", f"{hours:.2f} h ({duration(s.audio_seconds)})")
-            table.add_row("wall time", duration(s.wall_seconds))
+            table.add_row("audio", length(s.audio_seconds))
+            table.add_row("wall time", length(s.wall_seconds))
             if s.speed_text is not None:
                 table.add_row("speed", s.speed_text)
             self.console.print(table)
@@ -341,7 +377,7 @@ class Reporter:
             line += f", {s.kept} existing output(s) kept"
         if s.warned:
             line += f", {s.warned} with warnings"
-        line += f"; {hours:.2f} h of audio in {duration(s.wall_seconds)} wall time"
+        line += f"; {length(s.audio_seconds)} of audio in {length(s.wall_seconds)} wall time"
         if s.speed_text is not None:
             line += f" ({s.speed_text})"
         self.write(self.out, line)

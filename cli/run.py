@@ -35,7 +35,7 @@ from mlx_qwen3asr.cli.plan import (
     remove_created,
     use_overwrite,
 )
-from mlx_qwen3asr.cli.reporter import Reporter, Summary, duration, printable
+from mlx_qwen3asr.cli.reporter import Reporter, Summary, printable
 from mlx_qwen3asr.cli.signals import Terminated
 from mlx_qwen3asr.cli.stdio import STDIN, STDIN_NAME, StdinInput, spill_stdin, stdin_problem
 from mlx_qwen3asr.outputs.cue_types import CueOptions
@@ -278,15 +278,15 @@ def _transcribe_all(
             reason = _finish_one(job, res, args, options, report, summary)
             summary.processed += 1
             seconds = None if reason is not None else res.transcription.duration
-            report.file_finished(summary.processed, len(todo), res.index, seconds)
             if reason is not None:
                 summary.failed.append((str(job.path), reason))
                 report.error(f"{job.path}: {reason}")
-                continue
-            summary.done += 1
-            summary.audio_seconds += seconds
-            summary.work_seconds = time.monotonic() - started
-            report.info(f"[{summary.processed}/{len(todo)}] done {job.path}: {duration(seconds)} of audio")
+            else:
+                summary.done += 1
+                summary.audio_seconds += seconds
+                summary.work_seconds = time.monotonic() - started
+            # Failed files take their place in the count as visibly as finished ones.
+            report.file_finished(summary.processed, len(todo), res.index, seconds, job.path)
     finally:
         stream.close()
     return EXIT_OK

@@ -265,3 +265,78 @@ def test_the_real_decoding_batch_reports_progress_while_rows_decode(model):
         assert sum(calls[i]) == pytest.approx(res.transcription.duration, abs=1e-9)
         assert len(calls[i]) > 3  # in parts while its one segment decodes
         assert max(calls[i][:-1]) < 0.5 * res.transcription.duration
+
+
+# --- what the counter, the bar and the summary say --------------------------------------------------
+
+
+def test_every_file_takes_its_place_in_the_count_failed_ones_too(
+    tmp_path, checkpoints, model, capsys, monkeypatch
+):
+    write_inputs(tmp_path, 5)
+    (tmp_path / "bad.wav").write_text("not audio", encoding="utf-8")  # fails as it is decoded
+    through_cli(monkeypatch, batch=speaking_batches(model.tokenizer))
+    args = [str(tmp_path), "--no-vad", "--txt", "--batch-size", "4", "--max-segment-seconds", "4"]
+    assert main([*args, "--model", str(checkpoints("tiny"))]) == 1
+    cap = capsys.readouterr()
+    counted = [re.match(r"\[(\d+)/(\d+)\] (done|failed) (\S+)", line) for line in cap.out.splitlines()]
+    counted = [m.groups() for m in counted if m]
+    assert [(int(k), int(n)) for k, n, _, _ in counted] == [(k, 6) for k in range(1, 7)], cap.out
+    assert [(what, name) for _, _, what, name in counted if what == "failed"] == [
+        ("failed", str(tmp_path / "bad.wav"))
+    ]
+    assert sum(what == "done" for _, _, what, _ in counted) == 5
+    assert f"error: {tmp_path / 'bad.wav'}: " in cap.err  # the reason, as before
+
+
+def test_the_bar_says_that_its_share_is_of_the_audio_and_counts_failed_files(monkeypatch):
+    """Segments are decoded longest first, so most of the audio is done while few files are: the
+    percentage says it is of the audio, and the label counts every finished file, failed ones too."""
+    import io
+
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "150")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    report = reporter.Reporter(out, err)
+    assert report.rich
+    report.start([10.0] * 6)
+    report.batch_started(6, 4)
+    report.file_finished(1, 6, 0, None)  # failed before any of its audio was done
+    for index in range(1, 6):
+        report.progress(index, 9.7)
+    report.file_finished(2, 6, 1, 10.0)
+    report.file_finished(3, 6, 2, 10.0)
+    report.stop()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    done, total = 3 * 9.7 + 20.0, 50.0  # the failed file's estimate no longer counts
+    assert "3/6 files (1 failed)" in text, text
+    assert f" {100 * done / total:.0f}% of audio " in text, text
+    assert not re.search(r"\d%(?! of audio)", text), text  # no bare percentage beside "3/6 files"
+
+
+@pytest.mark.parametrize(
+    ("audio", "wall", "said"),
+    [
+        (2.0, 3.4, "2.0 s of audio in 3.4 s wall time"),
+        (185.0, 61.0, "3 min 05 s of audio in 1 min 01 s wall time"),
+        (7500.0, 1800.0, "2 h 05 min of audio in 30 min 00 s wall time"),
+    ],
+)
+def test_the_summary_says_durations_as_people_read_them(audio, wall, said, monkeypatch):
+    import io
+
+    out = io.StringIO()
+    summary = reporter.Summary(done=1, audio_seconds=audio, work_seconds=wall, wall_seconds=wall)
+    reporter.Reporter(out, io.StringIO()).summary(summary)
+    line = out.getvalue().strip()
+    assert line.startswith("summary: 1 transcribed") and said in line, line
+    assert " h of audio" not in line or audio >= 3600
+
+    # On a terminal, the table says the same.
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    out = io.StringIO()
+    reporter.Reporter(out, io.StringIO()).summary(summary)
+    table = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert re.search(rf"audio\s+│\s+{re.escape(said.split(' of audio')[0])}\s", table), table
+    assert "0.00 h" not in table
