@@ -9,7 +9,9 @@ every chunk and committed at pauses, so each step costs about the same at minute
 terminal the committed text is printed as it commits and the words still being revised are shown
 dimmed below it; otherwise each committed segment is printed as "[start --> end] text". Outputs (TXT,
 SRT, WebVTT, JSON) are rewritten crash-safely after each commit, so they always hold every committed
-segment; Ctrl-C finishes the last words, writes them and exits with status 130.
+segment; Ctrl-C finishes the last words, writes them and exits with status 130. Speech detection is
+on as for files (--no-vad turns it off): silence and noise never reach the model, and text is
+committed where the speech pauses.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import soxr
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_problem
 from mlx_qwen3asr.audio.files import AudioStream, not_regular_reason
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
+from mlx_qwen3asr.audio.vad import VadUnavailable
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -48,11 +51,14 @@ from mlx_qwen3asr.cli.options import (
     EXIT_USAGE,
     add_formats,
     add_model,
+    add_speech_detection,
     add_word_timing,
+    check_vad,
     chosen_formats,
     exit_status,
     number_in,
     span,
+    vad_options,
 )
 from mlx_qwen3asr.cli.signals import Terminated
 from mlx_qwen3asr.cli.stdio import Say
@@ -67,6 +73,7 @@ from mlx_qwen3asr.outputs.folder import (
     write_outputs,
 )
 from mlx_qwen3asr.pipeline.alignment import align_span
+from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
@@ -190,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "twice --chunk-seconds plus 1",
     )
     add_word_timing(model)
+    add_speech_detection(model)
     out = p.add_argument_group("output")
     add_formats(
         out,
@@ -603,15 +611,25 @@ class _Outputs:
         self.model_name = model_name
         self.written: list[Path] = []
 
-    def write(self, segments: list[Segment], audio: Signal, language: str | None) -> None:
+    def write(
+        self,
+        transcriber: StreamingTranscriber,
+        audio: Signal,
+        language: str | None,
+        warnings: Sequence[str] = (),
+    ) -> None:
+        """Write the committed segments (and, with speech detection, the speech regions taken)."""
         if self.job is None:
             return
+        segments = transcriber.segments
         lang = main_language(segments) if segments else (language or "")
         result = Transcription(
             text=join_texts([s.text for s in segments], lang or language),
             language=lang,
             segments=list(segments),
             duration=len(audio) / SAMPLE_RATE,
+            warnings=list(warnings),
+            speech=list(transcriber.speech) if self.options.vad is not None else None,
         )
         try:
             done = write_outputs(
@@ -882,6 +900,7 @@ def _run_session(
         stop.waiting = False
     if model is None:
         return EXIT_USAGE
+    vad = vad_options(args)
     try:
         transcriber = StreamingTranscriber(
             model,
@@ -889,8 +908,9 @@ def _run_session(
             context=args.context,
             chunk_seconds=args.chunk_seconds,
             max_window_seconds=args.max_window_seconds,
+            vad=vad,
         )
-    except ValueError as e:
+    except (ValueError, VadUnavailable) as e:
         raise LiveError(one_line(e)) from None
     aligner, aligner_source = None, None
     timed = args.word_timestamps
@@ -913,6 +933,7 @@ def _run_session(
         max_segment_seconds=args.max_window_seconds,
         word_timestamps=aligner is not None,
         aligner=aligner_source,
+        vad=vad,
     )
     outputs = _Outputs(job, options, args.model)
     audio = _Audio(keep=job is not None)
@@ -933,7 +954,7 @@ def _run_session(
                     display.update(update, join_texts(committed, update.language or language))
                     if update.committed:
                         _time_words(aligner, update.committed, audio, language, say)
-                        outputs.write(transcriber.segments, audio.signal(), language)
+                        outputs.write(transcriber, audio.signal(), language)
         except LiveError as e:
             failure = e
         if audio.count == 0 and failure is None and stop.signum is None:
@@ -946,7 +967,11 @@ def _run_session(
             display.update(final, join_texts(committed, final.language or language))
             final_text = final.text
             _time_words(aligner, final.committed, audio, language, say)
-            outputs.write(transcriber.segments, audio.signal(), language)
+            warnings = []
+            if vad is not None and audio.count and not transcriber.speech:
+                warnings.append(NO_SPEECH)
+                say.warning(NO_SPEECH)
+            outputs.write(transcriber, audio.signal(), language, warnings)
     finally:
         display.close(final_text)
         audio.close()
@@ -968,6 +993,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
+        check_vad(parser, args)
     except SystemExit as e:
         return exit_status(e)
     say = Say(PROG, args.quiet)

@@ -27,8 +27,9 @@ from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
 from mlx_qwen3asr.text.output import join_texts
 
-# Short chunks and windows, so that a few seconds of audio make several commits.
-STREAM = ["--chunk-seconds", "1", "--max-window-seconds", "4"]
+# Short chunks and windows, so that a few seconds of audio make several commits; the test audio is no
+# speech (tests/reference.py test_signal), so speech detection is off to have it transcribed.
+STREAM = ["--chunk-seconds", "1", "--max-window-seconds", "4", "--no-vad"]
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def test_a_full_temporary_folder_ends_the_session_with_one_line_and_what_was_com
 def test_realtime_input_takes_the_audio_duration(tmp_path, ckpt, capsys):
     audio = write_wav(tmp_path / "three.wav", 3.0, 2)
     began = time.monotonic()
-    status = main(["live", "--input", str(audio), "--realtime", "--model", ckpt, "-q"])
+    status = main(["live", "--input", str(audio), "--realtime", "--model", ckpt, "--no-vad", "-q"])
     elapsed = time.monotonic() - began
     captured = capsys.readouterr()
     assert status == 0
@@ -182,7 +183,9 @@ def test_wav_stream_of_another_rate_and_layout_is_resampled_and_mixed(tmp_path, 
     mono = test_signal(3.0, 4, sample_rate=44100)
     buffer = io.BytesIO()
     sf.write(buffer, np.stack([mono, 0.5 * mono], axis=1), 44100, format="WAV", subtype="FLOAT")
-    done = run_live("-", "--model", ckpt, "--json", "--name", "st", stdin=buffer.getvalue(), cwd=tmp_path)
+    done = run_live(
+        "-", "--model", ckpt, "--json", "--no-vad", "--name", "st", stdin=buffer.getvalue(), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads((tmp_path / "st.json").read_text(encoding="utf-8"))
     assert doc["duration"] == pytest.approx(3.0, abs=1e-3)
@@ -271,7 +274,9 @@ def test_an_odd_byte_count_on_stdin_is_said_and_the_rest_written(tmp_path, ckpt,
     (tmp_path / "in").write_bytes(pcm + b"\x01")
     with open(tmp_path / "in", "rb") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
-        status = main(["live", "-", "--model", ckpt, "--json", "-o", str(tmp_path), "--name", "odd", "-q"])
+        status = main(
+            ["live", "-", "--model", ckpt, "--json", "--no-vad", "-o", str(tmp_path), "--name", "odd", "-q"]
+        )
     err = capsys.readouterr().err.splitlines()
     assert status == 1
     assert err == [
@@ -370,7 +375,9 @@ def test_existing_output_is_refused_before_the_model_loads(tmp_path, ckpt, capsy
     assert (tmp_path / "talk.srt").read_text(encoding="utf-8") == "kept\n"
     assert not (tmp_path / "talk.txt").exists()
 
-    assert main(["live", "--input", str(audio), "--model", ckpt, "--srt", "--overwrite", "-q"]) == 0
+    assert (
+        main(["live", "--input", str(audio), "--model", ckpt, "--srt", "--overwrite", "--no-vad", "-q"]) == 0
+    )
     assert list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
 
 
@@ -667,7 +674,7 @@ def test_a_stream_that_has_not_started_is_waited_for_with_the_model_loaded(tmp_p
     """`sleep 1000 | mlxasr live -`: one line says what it waits for, and the model loads meanwhile,
     not once the first bytes come."""
     audio = write_wav(tmp_path / "talk.wav", 2.0, 3)
-    cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, "--txt"]
+    cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, "--txt", "--no-vad"]
     proc = subprocess.Popen(
         [*cmd, "--name", "later"],
         stdin=subprocess.PIPE,
@@ -717,7 +724,7 @@ def test_input_file_is_read_as_it_is_played_in_bounded_memory(tmp_path, monkeypa
 
     class Transcriber:  # takes the audio, decodes nothing
         def __init__(self, model, **kwargs):
-            self.segments, self.samples, self.reads_at_first = [], 0, None
+            self.segments, self.speech, self.samples, self.reads_at_first = [], [], 0, None
 
         def feed(self, block):
             if self.reads_at_first is None:

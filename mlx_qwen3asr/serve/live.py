@@ -6,7 +6,8 @@ The client sends 16-bit little-endian mono PCM at 16 kHz, as JSON
 ``{"type": "input_audio_buffer.append", "audio": "<base64>"}`` or as binary frames of raw PCM, then
 ``{"type": "session.finish"}`` (or ``input_audio_buffer.commit``): the tail is flushed, the final
 events sent and the socket closed normally. ``{"type": "transcription_session.update", "session":
-{"language", "prompt"}}`` may come before the first audio. The server answers with the events of
+{"language", "prompt", "turn_detection"}}`` may come before the first audio (turn_detection: speech
+detection, on as for the server's file requests unless null). The server answers with the events of
 OpenAI's realtime transcription where they fit (docs/server.md lists them): a
 ``conversation.item.input_audio_transcription.delta`` after every step of the stream with the whole
 current text, its stable and unstable parts; a ``...completed`` for every committed segment; an
@@ -40,6 +41,7 @@ from starlette.datastructures import Headers
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
+from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
 from mlx_qwen3asr.pipeline.streaming import (
@@ -107,8 +109,14 @@ class LiveLimits:
     max_new_tokens: int | None = None
 
     def transcriber(
-        self, model: Any, language: str | None, context: str, decode: Decode | None = None
+        self,
+        model: Any,
+        language: str | None,
+        context: str,
+        decode: Decode | None = None,
+        vad: VadOptions | None = None,
     ) -> StreamingTranscriber:
+        """A session's stream; vad: its speech detection (None: off), see StreamingTranscriber."""
         return StreamingTranscriber(
             model,
             language=language,
@@ -119,6 +127,7 @@ class LiveLimits:
             max_window_seconds=self.max_window_seconds,
             max_new_tokens=self.max_new_tokens,
             decode=decode,
+            vad=vad,
         )
 
 
@@ -181,6 +190,25 @@ def update_events(updates: list[StreamUpdate], state: dict[str, Any]) -> list[di
     return events
 
 
+def _turn_detection(value: Any, current: VadOptions | None) -> VadOptions | None:
+    """The speech detection a session update's turn_detection asks for: null turns it off; {"type":
+    "server_vad", "threshold": P} (as OpenAI's, whose other fields are ignored) turns it on: only speech
+    reaches the model, and text is committed where it pauses (P: the current threshold when not given)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type", "server_vad") != "server_vad":
+        raise LiveError(
+            "invalid_session",
+            '\'turn_detection\' must be null or {"type": "server_vad", "threshold": P}',
+            CLOSE_POLICY,
+        )
+    threshold = value.get("threshold", current.threshold if current is not None else VadOptions.threshold)
+    try:
+        return VadOptions(threshold=threshold)
+    except ValueError as e:
+        raise LiveError("invalid_session", f"turn_detection: {e}", CLOSE_POLICY) from None
+
+
 def _pcm(data: bytes) -> np.ndarray:
     if len(data) % 2:
         raise LiveError(
@@ -197,6 +225,9 @@ class _Session:
         self.limits = sessions.limits
         self.language: str | None = None
         self.context = ""
+        # Speech detection, as the server's file requests have it (mlxasr serve --no-vad turns both off);
+        # a session update's turn_detection changes it.
+        self.vad: VadOptions | None = getattr(sessions.engine, "vad", None)
         self.pending: list[np.ndarray] = []
         self.pending_samples = 0
         self.received_samples = 0
@@ -292,7 +323,10 @@ class _Session:
             prompt_prefix_ids(self.sessions.engine.model.tokenizer, prompt)
         except ValueError as e:
             raise LiveError("invalid_session", str(e), CLOSE_POLICY) from None
-        self.language, self.context = language or None, prompt
+        vad = (
+            _turn_detection(session["turn_detection"], self.vad) if "turn_detection" in session else self.vad
+        )
+        self.language, self.context, self.vad = language or None, prompt, vad
 
     def _audio(self, samples: np.ndarray) -> None:
         self.received_samples += samples.shape[0]
@@ -319,6 +353,9 @@ class _Session:
             "sample_rate": SAMPLE_RATE,
             "language": self.language,
             "prompt": self.context,
+            "turn_detection": None
+            if self.vad is None
+            else {"type": "server_vad", "threshold": self.vad.threshold},
             "chunk_seconds": limits.chunk_seconds,
             "idle_timeout": limits.idle_timeout,
             "max_seconds": limits.max_seconds,
@@ -354,7 +391,9 @@ class _Session:
         """Feed the stream (None: finish it), on a worker thread; the stream is made at its first use."""
         if self.stream is None:
             engine = self.sessions.engine
-            self.stream = self.limits.transcriber(engine.model, self.language, self.context, self._decode)
+            self.stream = self.limits.transcriber(
+                engine.model, self.language, self.context, self._decode, self.vad
+            )
         if samples is None:
             return [self.stream.finish()]
         return self.stream.feed(samples)
