@@ -26,15 +26,20 @@ class Tuning:
     prefill_rows: int = 8
 
 
-# Measured with tools/bench.py (docs/performance.md): on a 2-core x86-64 CPU the stem is ~20% faster in
-# chunks of 8 than of 80, decode tokens per second still grow up to 32 rows, and prefill costs the same
-# per token up to 16 rows, then more.
-TUNING = Tuning()
+# Measured with tools/bench.py and tools/decode_bench.py (docs/performance.md). On a 2-core x86-64 CPU
+# the stem is ~20% faster in chunks of 8 than of 80, decode tokens per second still grow up to 32 rows
+# (a step of many rows is compute-bound there), and prefill costs the same per token up to 16 rows,
+# then more. On a GPU (MLX's CUDA backend, an H200) a decode step of 64 rows costs 1.0-1.7x one of 16
+# rows and 2.5-2.6x one of 1 row (0.6b and 1.7b, bfloat16): up to 64 rows decode together there. 128
+# rows cost about as much as 64 on that GPU; an Apple GPU has several times less compute, so the
+# default stops at 64 (the memory budget bounds the batch too).
+CPU = Tuning(max_batch=32)
+GPU = Tuning(max_batch=64)
 
 
 def tuning() -> Tuning:
-    """The settings in use."""
-    return TUNING
+    """The settings for the default device: sizes, not code paths (the model's code is the same)."""
+    return CPU if mx.default_device() == mx.cpu else GPU
 
 
 def default_dtype_name() -> str:
@@ -42,4 +47,4 @@ def default_dtype_name() -> str:
     return "float32" if mx.default_device() == mx.cpu else "bfloat16"
 
 
-__all__ = ["TUNING", "Tuning", "default_dtype_name", "tuning"]
+__all__ = ["CPU", "GPU", "Tuning", "default_dtype_name", "tuning"]
