@@ -551,6 +551,36 @@ def test_over_a_real_server(model, make):
         served.stop()
 
 
+def test_websockets_count_towards_max_connections(make):
+    """A WebSocket handshake on a connection past --max-connections is refused as an HTTP request
+    would be, with 503 too_many_connections before the app sees it; once the open one closes, the next
+    is accepted."""
+    app = make()  # two live sessions allowed: only the connection bound refuses the second
+    served = Served(app, ConnectionLimits(max_connections=1))
+    try:
+        with connect(served.url, additional_headers=auth(), open_timeout=30, close_timeout=10) as first:
+            assert json.loads(first.recv(timeout=30))["type"] == "transcription_session.created"
+            with pytest.raises(InvalidStatus) as refused:
+                connect(served.url, additional_headers=auth(), open_timeout=30)
+            response = refused.value.response
+            assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+            error = json.loads(response.body)["error"]
+            assert error["code"] == "too_many_connections" and "at most 1" in error["message"]
+            assert app.active == 1
+        deadline = time.monotonic() + 10
+        while True:  # the server may see the first connection go a moment after the client does
+            try:
+                second = connect(served.url, additional_headers=auth(), open_timeout=30, close_timeout=10)
+                break
+            except InvalidStatus as e:
+                assert e.response.status_code == 503 and time.monotonic() < deadline, "never accepted"
+                time.sleep(0.05)
+        with second:
+            assert json.loads(second.recv(timeout=30))["type"] == "transcription_session.created"
+    finally:
+        served.stop()
+
+
 class Listener:
     """Every event a websockets client receives, on a thread, until the server closes the connection."""
 

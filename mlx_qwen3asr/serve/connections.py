@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 # Connections: the request line and headers must arrive within HEADER_TIMEOUT seconds of the
 # connection opening (or of the previous answer); a body may pause at most BODY_TIMEOUT seconds and
 # must average BODY_MIN_RATE bytes a second after its first BODY_TIMEOUT seconds; past
-# MAX_CONNECTIONS open connections, new ones are answered 503.
+# MAX_CONNECTIONS open connections (WebSockets included), new ones are answered 503 (a WebSocket
+# handshake too).
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 20.0
 DEFAULT_BODY_MIN_RATE = 4096.0
@@ -35,7 +36,8 @@ class ConnectionLimits:
     WebSocket has no deadline here); and after its first body_timeout seconds
     the body must average body_min_rate bytes a second. A body that stalls gets 408 (if nothing was
     answered yet) and the connection closes; its request sees its client gone (its upload is removed).
-    max_connections: connections past this many get 503 and are closed.
+    max_connections: connections past this many get 503 and are closed; WebSocket connections count
+    too, and a WebSocket handshake past the limit is refused with the same 503 (never accepted).
     """
 
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
@@ -72,7 +74,8 @@ def http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._body_start = self._body_last = 0.0
             self._body_bytes = 0
             self._upgraded = False  # handed over to a WebSocket: no deadline of ours applies any more
-            if len(self.connections) > limits.max_connections:
+            self._refused = len(self.connections) > limits.max_connections
+            if self._refused:
                 log.warning("refused a connection: %d are open", len(self.connections))
                 self.app = _too_many_connections(limits.max_connections)
             self._track()
@@ -95,6 +98,11 @@ def http_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._track()
+
+        def _should_upgrade(self) -> bool:
+            # A refused connection is not handed to the WebSocket protocol, which would run the real
+            # app: its upgrade request is answered by the 503 app, as any request of it would be.
+            return not self._refused and super()._should_upgrade()
 
         def handle_websocket_upgrade(self, event: h11.Request) -> None:
             # The connection now belongs to the WebSocket protocol (this one receives nothing more):
