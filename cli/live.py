@@ -43,7 +43,6 @@ from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.audio.vad import VadUnavailable
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
-    ALIGNER_ENV,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -917,12 +916,12 @@ def _run_session(
     if timed is None:  # timing words matters for subtitles, not for a transcript
         timed = job is not None and bool({"srt", "vtt"} & set(job.outputs))
     if job is not None and timed:
+        untimed = "cue times estimated" if {"srt", "vtt"} & set(job.outputs) else "words not timed"
         loaded = load_aligner(
             args.aligner,
             args.dtype,
             say,
-            instead="cue times are estimated from the text instead "
-            f"(name an aligner with --aligner or ${ALIGNER_ENV}, or pass --no-word-timestamps)",
+            instead=f"{untimed}; use --aligner PATH or --no-word-timestamps",
         )
         if loaded.stop:
             return EXIT_USAGE

@@ -77,8 +77,8 @@ def load_aligner(flag: str | None, dtype: str | None, say: Messages, *, instead:
     """The forced aligner named by --aligner (flag), else $MLXASR_ALIGNER, else the default one.
 
     A named one must load: if it does not, the error is said and stop is set. The default one may be out
-    of reach (not cached, the hub unreachable): a warning says why and what is done `instead`, and the
-    command goes on without it.
+    of reach (not cached, the hub unreachable): a short warning says why and what is done `instead`
+    (a few words, then the options to use), and the command goes on without it.
     """
     named = flag or os.environ.get(ALIGNER_ENV)
     source = named or DEFAULT_ALIGNER
@@ -91,9 +91,11 @@ def load_aligner(flag: str | None, dtype: str | None, say: Messages, *, instead:
             say.error(f"aligner {source}: {load_reason(source, e, '--aligner')}")
             return Aligner(source, stop=True)
         # The default one out of reach: the reason in a few words, then what is done and how to do
-        # better (`instead`), on one line that is not mostly the hub's advice.
+        # better (`instead`), on one short line without the hub's advice (nor the repo id it tried).
         hub = hub_error(e)
-        reason = hub.short if hub is not None else load_reason(source, e)
-        say.warning(f"aligner {source}: {reason}; {instead}")
+        if hub is not None:
+            say.warning(f"default aligner {hub.short}: {instead}")
+        else:
+            say.warning(f"default aligner {source}: {load_reason(source, e)}; {instead}")
         return Aligner(source)
     return Aligner(source, aligner)

@@ -17,7 +17,6 @@ from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.signal import is_silent
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
-    ALIGNER_ENV,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -242,12 +241,12 @@ def _transcribe_all(
         return EXIT_USAGE
     aligner = None
     if options.word_timestamps:
+        untimed = "cue times estimated" if {"srt", "vtt"} & set(chosen_formats(args)) else "words not timed"
         loaded = load_aligner(
             args.aligner,
             args.dtype,
             report,
-            instead="cue times are estimated from the text instead "
-            f"(name an aligner with --aligner or ${ALIGNER_ENV}, or pass --no-word-timestamps)",
+            instead=f"{untimed}; use --aligner PATH or --no-word-timestamps",
         )
         if loaded.stop:
             return EXIT_USAGE

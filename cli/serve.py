@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_in(CONNECTIONS_RANGE),
         default=DEFAULT_MAX_CONNECTIONS,
         metavar="N",
-        help=f"open connections at most; more get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
+        help="open connections at most, WebSockets included; more get 503 "
+        f"(default: {DEFAULT_MAX_CONNECTIONS})",
     )
     p.add_argument(
         "--max-live-sessions",
@@ -303,7 +304,7 @@ def _load_models(args: argparse.Namespace):
         args.aligner,
         args.dtype,
         _say,
-        instead=f"word timestamps are refused (name one with --aligner or ${ALIGNER_ENV})",
+        instead="word timestamps refused; use --aligner PATH or --no-aligner",
     )
     if loaded.stop:
         return EXIT_USAGE

@@ -425,9 +425,21 @@ def test_with_only_a_local_model_the_default_aligner_out_of_reach_is_one_short_w
     )
     assert proc.returncode == 0, proc.stderr
     (warning,) = [line for line in proc.stderr.splitlines() if "aligner" in line]
-    assert warning.startswith(
-        "warning: aligner Qwen/Qwen3-ForcedAligner-0.6B: not cached, hub unreachable; cue times are "
-        "estimated from the text instead"
-    ), warning
-    assert len(warning) < 210 and "check the network" not in warning, len(warning)
+    assert warning == (
+        "warning: default aligner not cached, hub unreachable: cue times estimated; "
+        "use --aligner PATH or --no-word-timestamps"
+    )
+    assert len(warning) <= 120, len(warning)
     assert (tmp_path / "talk.srt").is_file()
+    # Words asked for without subtitles: the same line says the words are not timed.
+    proc = run_without_defaults(
+        [str(tmp_path / "talk.wav"), "--json", "--word-timestamps", "--model", str(checkpoints("tiny"))], env
+    )
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = [line for line in proc.stderr.splitlines() if "aligner" in line]
+    assert warning == (
+        "warning: default aligner not cached, hub unreachable: words not timed; "
+        "use --aligner PATH or --no-word-timestamps"
+    )
+    assert len(warning) <= 120, len(warning)
+    assert (tmp_path / "talk.json").is_file()
