@@ -73,6 +73,7 @@ from mlx_qwen3asr.outputs.folder import (
 )
 from mlx_qwen3asr.pipeline.alignment import align_span
 from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
+from mlx_qwen3asr.pipeline.memory import wired_limit
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
@@ -899,6 +900,7 @@ def _run_session(
         stop.waiting = False
     if model is None:
         return EXIT_USAGE
+    cleanup.enter_context(wired_limit(model))  # on Metal: weights and caches resident for the session
     vad = vad_options(args)
     try:
         transcriber = StreamingTranscriber(

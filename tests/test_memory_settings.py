@@ -113,3 +113,36 @@ def test_the_memory_budget_counts_mlx_s_buffer_cache(monkeypatch):
     assert memory.available_memory() == 3_000
     monkeypatch.setattr(mx, "get_cache_memory", lambda: 9_000)
     assert memory.available_memory() == 0
+
+
+def test_mlxasr_live_holds_the_wired_limit_for_its_session(checkpoints, metal, monkeypatch, tmp_path):
+    import soundfile as sf
+
+    from mlx_qwen3asr.cli import live
+    from mlx_qwen3asr.pipeline import streaming
+
+    real_feed = streaming.StreamingTranscriber.feed
+
+    def feed(self, samples):
+        metal["during"].append(metal["limit"])
+        return real_feed(self, samples)
+
+    monkeypatch.setattr(streaming.StreamingTranscriber, "feed", feed)
+    wav = tmp_path / "talk.wav"
+    sf.write(wav, test_signal(3.0, seed=5), 16000)
+    code = live.main(
+        [
+            "--input",
+            str(wav),
+            "--model",
+            str(checkpoints("tiny")),
+            "--no-vad",
+            "--txt",
+            "-o",
+            str(tmp_path),
+            "-q",
+        ]
+    )
+    assert code == 0 and (tmp_path / "talk.txt").exists()
+    assert metal["during"] and set(metal["during"]) == {12 * 2**30}
+    assert metal["calls"] == [12 * 2**30, 7] and metal["limit"] == 7
