@@ -399,6 +399,16 @@ class DecodedAudio:
         return self.header_seconds - self.seconds > max(TRUNCATION_SECONDS, 0.01 * self.header_seconds)
 
 
+def _decode_failure(e: Exception) -> str:
+    """The reason a decoder gave up, as one line without the path (named by the caller)."""
+    # error_string omits soundfile's "Error opening '<path>': " prefix.
+    reason = one_line(getattr(e, "error_string", None) or str(e), MESSAGE_LIMIT).rstrip(".")
+    if "does not exist or is not a regular file" in reason:
+        # libsndfile's message when its mp3 decoder finds no frames; the file was checked before.
+        return "no audio frames found"
+    return reason
+
+
 def _drain(path: str, source: _Source, max_seconds: float | None = None) -> tuple[Signal, float]:
     """Mix, resample and store every block of a source; returns the signal and the decoded seconds.
     Past `max_seconds` of audio it stops at once with AudioTooLong."""
@@ -467,11 +477,7 @@ def read_audio(path: str | os.PathLike[str], max_seconds: float | None = None) -
                 source = _soundfile_source(path, f, notes)
                 signal, seconds = _drain(path, source, max_seconds)
             except (sf.LibsndfileError, RuntimeError, ValueError, _DecodeFailed) as e:
-                # error_string omits soundfile's "Error opening '<path>': " prefix; the path is already named.
-                reason = one_line(getattr(e, "error_string", None) or str(e), MESSAGE_LIMIT).rstrip(".")
-                if "does not exist or is not a regular file" in reason:
-                    # libsndfile's message when its mp3 decoder finds no frames; the file was checked above.
-                    reason = "no audio frames found"
+                reason = _decode_failure(e)
                 if ffmpeg is not None:
                     try:
                         source = _ffmpeg_source(path, ffmpeg)
@@ -615,9 +621,7 @@ class AudioStream:
             if source is not None and callable(source.close):
                 source.close()
             self._source = None
-            reason = one_line(getattr(e, "error_string", None) or str(e), MESSAGE_LIMIT).rstrip(".")
-            if "does not exist or is not a regular file" in reason:
-                reason = "no audio frames found"
+            reason = _decode_failure(e)
             if ffmpeg is not None:
                 try:
                     source = _ffmpeg_source(path, ffmpeg)

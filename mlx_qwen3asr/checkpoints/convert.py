@@ -73,7 +73,7 @@ from mlx_qwen3asr.checkpoints.loading import (
 )
 from mlx_qwen3asr.model.config import ModelConfig
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
-from mlx_qwen3asr.runtime.atomic import name_max
+from mlx_qwen3asr.runtime.atomic import name_max, pid_alive
 
 QUANT_BITS = (4, 8)
 ENCODER_BITS = (4, 8, 16)
@@ -456,18 +456,6 @@ def _make_temp_folder(folder: Path, name: str) -> Path:
     raise FileExistsError(errno.EEXIST, "no free temporary folder name", str(folder))
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists but is someone else's, or we cannot tell: it may be alive
-        return True
-    return True
-
-
 def _last_written(path: Path) -> float:
     """The latest modification time of a folder and of what it holds (one level: a checkpoint's)."""
     latest = path.lstat().st_mtime
@@ -501,7 +489,7 @@ def remove_stale_folders(
         try:
             if not stat.S_ISDIR(path.lstat().st_mode) or match["host"] != host:
                 continue
-            if _pid_alive(int(match["pid"])) or now - _last_written(path) < min_age:
+            if pid_alive(int(match["pid"])) or now - _last_written(path) < min_age:
                 continue
             if match["kind"] == "old":
                 target = folder / match["name"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 __all__ = [
     "NAME_MAX",
+    "pid_alive",
     "STALE_SECONDS",
     "TEMP_PATTERN",
     "TEMP_SUFFIX",
@@ -131,7 +132,8 @@ def probe_folder(folder: str | os.PathLike[str]) -> None:
     os.unlink(tmp)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid may be alive (one of another user counts as alive)."""
     if pid <= 0:
         return False
     try:
@@ -165,7 +167,7 @@ def remove_stale_temporaries(
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < min_age or _pid_alive(int(match["pid"])):
+        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < min_age or pid_alive(int(match["pid"])):
             continue
         with contextlib.suppress(OSError):
             os.unlink(entry.path)
