@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from mlx_qwen3asr import __version__
+from mlx_qwen3asr.cli.diarizing import INSTALL, add_diarization
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -75,12 +76,13 @@ existing outputs:
 exit status:
   {EXIT_OK}    every file was transcribed, or skipped because its outputs exist
   {EXIT_FAILED}    some input failed (missing path, unreadable or undecodable file, FIFO or device,
-       output folder not writable, output name too long or taken by a folder); the other files
+       output folder not writable, output name too long or taken by a folder, its speakers could
+       not be told apart with --diarize: no outputs, so a rerun redoes it); the other files
        were still processed, the summary lists the failures
   {EXIT_USAGE}    usage error (bad option, unknown --language, unreadable --context-file, none of
        the PATHs exists, files of two PATHs with the same output path), no output folder can be
        written, the model could not be loaded, or it is a forced aligner rather than a speech
-       recognition model; nothing is written
+       recognition model, --diarize without its extra or its model files; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C: finished files are kept, no partial or temporary files
        are left, and rerunning without --overwrite resumes ({EXIT_TERMINATED} for SIGTERM)
 
@@ -147,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     add_model(model)
     add_word_timing(model)
+
+    add_diarization(p.add_argument_group(f"speakers (--diarize; needs {INSTALL})"))
 
     rec = p.add_argument_group("recognition")
     rec.add_argument(

@@ -24,6 +24,9 @@ __all__ = [
     "EXIT_TERMINATED",
     "EXIT_USAGE",
     "MODEL_ENV",
+    "OUTPUT_FORMATS",
+    "RTTM",
+    "TRANSCRIPT_FORMATS",
     "VAD_THRESHOLD_RANGE",
     "add_batch_size",
     "add_dtype",
@@ -139,23 +142,36 @@ def add_dtype(group) -> None:
     )
 
 
-def _format_list(value: str) -> list[str]:
-    """An argparse type: a comma-separated list of output formats ("all" for every one)."""
-    names = [v.strip().lower() for v in value.split(",") if v.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("empty format list")
-    for name in names:
-        if name != "all" and name not in FORMATS:
-            raise argparse.ArgumentTypeError(
-                f"invalid format {name!r} (choose from {', '.join(FORMATS)}, all)"
-            )
-    return names
+# The transcript formats ("all" of -f), and the speaker turns of --diarize (RTTM), which "all" adds
+# only when speakers are told apart.
+TRANSCRIPT_FORMATS: tuple[str, ...] = tuple(f for f in FORMATS if f != "rttm")
+RTTM = "rttm"
+OUTPUT_FORMATS: tuple[str, ...] = (*TRANSCRIPT_FORMATS, RTTM)
+
+
+def _format_list(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of the allowed output formats ("all" for every one)."""
+
+    def parse(value: str) -> list[str]:
+        names = [v.strip().lower() for v in value.split(",") if v.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError("empty format list")
+        for name in names:
+            if name != "all" and name not in allowed:
+                raise argparse.ArgumentTypeError(
+                    f"invalid format {name!r} (choose from {', '.join(allowed)}, all)"
+                )
+        return names
+
+    return parse
 
 
 def add_formats(group, helps: dict[str, str], *, lists: bool = True) -> None:
-    """--txt, --srt, --vtt and --json (helps: what each holds, by format; args.formats) and, with lists,
-    -f/--output-format (args.format_lists); chosen_formats reads them."""
-    for fmt in FORMATS:
+    """An option for each format of helps (what each holds, by format: --txt, --srt, --vtt, --json,
+    --rttm; args.formats) and, with lists, -f/--output-format (args.format_lists); chosen_formats reads
+    them."""
+    allowed = tuple(f for f in OUTPUT_FORMATS if f in helps)
+    for fmt in allowed:
         group.add_argument(f"--{fmt}", dest="formats", action="append_const", const=fmt, help=helps[fmt])
     if lists:
         group.add_argument(
@@ -163,18 +179,22 @@ def add_formats(group, helps: dict[str, str], *, lists: bool = True) -> None:
             "--output-format",
             dest="format_lists",
             action="append",
-            type=_format_list,
+            type=_format_list(allowed),
             metavar="FMT",
-            help="txt, srt, vtt, json or all; repeat the option or separate with commas",
+            help=f"{', '.join(allowed)} or all ({', '.join(TRANSCRIPT_FORMATS)}"
+            + (f", and {RTTM} with --diarize" if RTTM in allowed else "")
+            + "); repeat the option or separate with commas",
         )
 
 
 def chosen_formats(args: argparse.Namespace, default: str | None = "txt") -> list[str]:
-    """The output formats asked for (add_formats), in FORMATS order; [default] when none is."""
+    """The output formats asked for (add_formats), in OUTPUT_FORMATS order; [default] when none is.
+    "all" is every transcript format, and RTTM too when speakers are told apart (args.diarize)."""
     chosen = set(getattr(args, "formats", None) or [])
+    every = (*TRANSCRIPT_FORMATS, RTTM) if getattr(args, "diarize", False) else TRANSCRIPT_FORMATS
     for names in getattr(args, "format_lists", None) or []:
-        chosen.update(FORMATS if "all" in names else names)
-    return [f for f in FORMATS if f in chosen] or ([default] if default else [])
+        chosen.update(every if "all" in names else names)
+    return [f for f in OUTPUT_FORMATS if f in chosen] or ([default] if default else [])
 
 
 def add_batch_size(group, decoded_from: str, most: str) -> None:

@@ -171,6 +171,7 @@ class Reporter:
         self._total = 0.0
         self._started = self._last_line = self._last_bar = 0.0
         self._failed = 0  # files failed while transcribed, for the bar's label
+        self._stages = 1  # passes over each file's audio (start)
         self._gone: set[int] = set()  # streams whose reader has gone
 
     def write(self, stream: TextIO, line: str) -> None:
@@ -215,8 +216,13 @@ class Reporter:
 
     # Progress over the audio of the files being transcribed.
 
-    def start(self, estimates: Sequence[float]) -> None:
-        """Files are about to be transcribed: `estimates` holds each one's estimated duration."""
+    def start(self, estimates: Sequence[float], stages: int = 1) -> None:
+        """Files are about to be transcribed: `estimates` holds each one's estimated duration.
+
+        stages: the passes each file's audio goes through (2 when speakers are told apart beside
+        transcription); the work of each counts for its share of the file, so that the bar (and the
+        speed) measures audio whose every pass is done."""
+        self._stages = max(1, int(stages))
         self._totals = [max(float(e), 0.0) for e in estimates]
         self._done = [0.0] * len(self._totals)
         self._completed, self._total = 0.0, sum(self._totals)
@@ -245,8 +251,10 @@ class Reporter:
         *,
         loaded_seconds: float | None = None,
         aligner: str | None = None,
+        diarizer: str | None = None,
     ) -> None:
-        """One line: how long loading took, the files to transcribe, the batch and the aligner."""
+        """One line: how long loading took, the files to transcribe, the batch, the aligner and the
+        diarizer."""
         if self._progress is not None:
             self._progress.update(self._task, description=files_done(0, count))
         if batch_size:
@@ -257,6 +265,8 @@ class Reporter:
             line = f"loaded in {loaded_seconds:.1f} s; {line}"
         if aligner:
             line += f", words timed by {aligner}"
+        if diarizer:
+            line += f", speakers told apart by {diarizer} beside it"
         self.info(line)
 
     def _speed(self, now: float) -> tuple[float | None, float | None]:
@@ -282,9 +292,11 @@ class Reporter:
         )
 
     def progress(self, index: int, seconds: float) -> None:
-        """Work done on file `index` (its position in start's estimates), in seconds of its audio."""
+        """Work done on file `index` (its position in start's estimates) by one of its passes, in seconds
+        of its audio."""
         if seconds <= 0 or not 0 <= index < len(self._done):
             return
+        seconds /= self._stages
         self._done[index] += seconds
         self._completed += seconds
         if self._done[index] > self._totals[index]:  # its estimate fell short

@@ -15,6 +15,17 @@ from typing import TextIO
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.signal import is_silent
+from mlx_qwen3asr.cli.diarizing import (
+    Diarization,
+    DiarizeQueue,
+    Outcome,
+    SpeakerPairs,
+    Unavailable,
+    check_diarization,
+    diarizer_source,
+    load_diarizer,
+)
+from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
@@ -22,6 +33,7 @@ from mlx_qwen3asr.cli.options import (
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    RTTM,
     check_vad,
     chosen_formats,
     vad_options,
@@ -60,6 +72,8 @@ __all__ = ["run"]
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if RTTM in chosen_formats(args, None):  # speaker turns are what diarization gives
+        args.diarize = True
     problem = stdin_problem(args.paths, chosen_formats(args), args.output_dir)
     if problem is not None:
         parser.error(f"argument PATH: {problem}")
@@ -104,9 +118,15 @@ def _run(
         max_words_per_line=args.max_words_per_line,
     )
     subtitles = bool({"srt", "vtt"} & set(formats))
-    if args.word_timestamps is None:  # timing words matters for subtitles, not for a transcript
-        args.word_timestamps = subtitles
+    if args.word_timestamps is None:
+        # Timing words matters for subtitles, not for a transcript; speakers change between words.
+        args.word_timestamps = subtitles or args.diarize
     check_vad(parser, args)
+    try:
+        diarization = check_diarization(parser, args)
+    except Unavailable as e:  # before anything is planned or loaded
+        print(f"error: {printable(one_line(str(e)))}", file=err)
+        return EXIT_USAGE
     if args.highlight_words and subtitles and not args.word_timestamps:
         parser.error("argument --highlight-words: needs word timing, which --no-word-timestamps turns off")
     # Cue options shape SRT and VTT only; the style matters only with --highlight-words.
@@ -190,7 +210,7 @@ def _run(
             marked = [job for job in todo if id(job) in replacing and not redo_pending(job)]
             resumable = all([mark_redo(job) for job in todo if id(job) in replacing])
         try:
-            status = _transcribe_all(todo, args, options, report, summary)
+            status = _transcribe_all(todo, args, options, report, summary, diarization)
         except KeyboardInterrupt:
             status = EXIT_INTERRUPTED
         except Terminated:
@@ -227,8 +247,15 @@ def _transcribe_all(
     options: TranscribeOptions,
     report: Reporter,
     summary: Summary,
+    diarization: Diarization | None = None,
 ) -> int:
     t0 = time.monotonic()
+    diarizer = None
+    if diarization is not None:
+        # First: a library that cannot run stops the run before any model loads.
+        diarizer = load_diarizer(diarization, args.diarizer, report)
+        if diarizer is None:
+            return EXIT_USAGE
     model = load_model(args.model, args.dtype, report)
     if model is None:  # missing, unreadable, mismatched or wrong-kind checkpoints stop the run here
         return EXIT_USAGE
@@ -255,9 +282,39 @@ def _transcribe_all(
     loaded_seconds = time.monotonic() - t0
 
     estimates = [estimate_duration(j.audio) for j in todo]
-    report.start(estimates)
-    report.batch_started(len(todo), args.batch_size, loaded_seconds=loaded_seconds, aligner=options.aligner)
+    # With speakers told apart, each file is diarized on a worker thread while the engine transcribes;
+    # the bar counts both passes, and a file is finished when both are.
+    speakers = None
+    if diarizer is not None:
+        speakers = DiarizeQueue(diarizer, diarization.options)
+        for index, job in enumerate(todo):
+            speakers.submit(index, job.audio)
+    report.start(estimates, stages=2 if speakers is not None else 1)
+    report.batch_started(
+        len(todo),
+        args.batch_size,
+        loaded_seconds=loaded_seconds,
+        aligner=options.aligner,
+        diarizer=diarizer_source(args.diarizer) or "the default diarizer" if speakers is not None else None,
+    )
     started = time.monotonic()
+
+    def settle(res: InputResult, outcome: Outcome | None) -> None:
+        job = todo[res.index]
+        reason = _finish_one(job, res, args, options, report, summary, diarization, outcome)
+        summary.processed += 1
+        seconds = None if reason is not None else res.transcription.duration
+        if reason is not None:
+            summary.failed.append((str(job.path), reason))
+            report.error(f"{job.path}: {reason}")
+        else:
+            summary.done += 1
+            summary.audio_seconds += seconds
+            summary.work_seconds = time.monotonic() - started
+        # Failed files take their place in the count as visibly as finished ones.
+        report.file_finished(summary.processed, len(todo), res.index, seconds, job.path)
+
+    pairs = SpeakerPairs(speakers, report.progress) if speakers is not None else None
     stream = transcribe_stream(
         model,
         [j.audio for j in todo],
@@ -268,26 +325,23 @@ def _transcribe_all(
         skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
         vad=options.vad or False,
         on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
-        on_progress=report.progress,
+        on_progress=report.progress if pairs is None else pairs.progress,
         aligner=aligner,
     )
     try:
         for res in stream:
-            job = todo[res.index]
-            reason = _finish_one(job, res, args, options, report, summary)
-            summary.processed += 1
-            seconds = None if reason is not None else res.transcription.duration
-            if reason is not None:
-                summary.failed.append((str(job.path), reason))
-                report.error(f"{job.path}: {reason}")
-            else:
-                summary.done += 1
-                summary.audio_seconds += seconds
-                summary.work_seconds = time.monotonic() - started
-            # Failed files take their place in the count as visibly as finished ones.
-            report.file_finished(summary.processed, len(todo), res.index, seconds, job.path)
+            if pairs is None:
+                settle(res, None)
+                continue
+            for done, outcome in pairs.add(res):
+                settle(done, outcome)
+        if pairs is not None:
+            for done, outcome in pairs.rest():
+                settle(done, outcome)
     finally:
         stream.close()
+        if pairs is not None:
+            pairs.close()  # after Ctrl-C the file being diarized is not waited for
     return EXIT_OK
 
 
@@ -340,10 +394,20 @@ def _finish_one(
     options: TranscribeOptions,
     report: Reporter,
     summary: Summary,
+    diarization: Diarization | None = None,
+    outcome: Outcome | None = None,
 ) -> str | None:
-    """Write one transcribed file's outputs; returns why the file failed, or None."""
+    """Write one transcribed file's outputs, with the speakers of outcome when it was diarized; returns
+    why the file failed, or None. A file whose diarization failed is not written (a rerun redoes it)."""
     if res.error is not None:
         return _failure(res.error)
+    if outcome is not None and outcome.error is not None:
+        return diarize_failure(outcome.error)
+    if diarization is not None and outcome is not None:
+        try:
+            res.transcription = diarization.assign(res.transcription, outcome.turns)
+        except Exception as e:
+            return diarize_failure(e)
     problem = output_problem(job)  # what took an output's name while the file was transcribed
     if problem is not None:
         return problem
