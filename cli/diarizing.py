@@ -87,16 +87,18 @@ class Diarization:
         return self.lib.assign_speakers(transcription, list(turns), names=self.names)
 
 
-def add_diarization(parser_or_group, *, speaker_format: bool = True, counts: bool = True) -> None:
-    """--diarize, --diarizer and, with counts, --num-speakers, --min-speakers, --max-speakers and
-    --speaker-names; with speaker_format, --speaker-format (the SRT and TXT prefix)."""
+def add_diarization(
+    parser_or_group, *, speaker_format: bool = True, counts: bool = True, what: str | None = None
+) -> None:
+    """--diarize (what: what it does, for its help), --diarizer and, with counts, --num-speakers,
+    --min-speakers, --max-speakers and --speaker-names; with speaker_format, --speaker-format (the SRT
+    and TXT prefix)."""
     g = parser_or_group
-    g.add_argument(
-        "--diarize",
-        action="store_true",
-        help="tell the speakers apart: every segment and word gets its speaker, subtitles and transcripts "
-        f"name who speaks, JSON has 'speaker' (needs the extra: {INSTALL})",
+    what = what or (
+        "tell the speakers apart: every segment and word gets its speaker, subtitles and transcripts "
+        "name who speaks, JSON has 'speaker'"
     )
+    g.add_argument("--diarize", action="store_true", help=f"{what} (needs the extra: {INSTALL})")
     g.add_argument(
         "--diarizer",
         default=None,

@@ -17,6 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlx_qwen3asr import tune_malloc
+from mlx_qwen3asr.cli.diarizing import (
+    Diarization,
+    Unavailable,
+    add_diarization,
+    check_diarization,
+    load_diarizer,
+)
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -69,9 +76,10 @@ once; concurrent requests share its decoding batch. Listens on 127.0.0.1 unless 
 EPILOG = f"""\
 endpoints:
   POST /v1/audio/transcriptions   form fields: file, model (any value), language, prompt,
-                                  response_format (json, text, srt, vtt, verbose_json),
-                                  timestamp_granularities[] (segment, word), temperature
-                                  (accepted, ignored: decoding is greedy), stream (server-sent events)
+                                  response_format (json, text, srt, vtt, verbose_json, and
+                                  diarized_json with --diarize), timestamp_granularities[]
+                                  (segment, word), temperature (accepted, ignored: decoding is
+                                  greedy), stream (server-sent events), known_speaker_names[]
   GET  /v1/models                 the loaded model
   GET  /health                    status and the audio waiting
   GET  /v1/realtime/transcription WebSocket: 16 kHz 16-bit PCM in, partial and committed text out
@@ -85,7 +93,7 @@ example:
 exit status:
   {EXIT_OK}    the server was stopped
   {EXIT_USAGE}    usage error, the address cannot be listened on, the model (or a named aligner) could
-       not be loaded
+       not be loaded, --diarize without its extra or its model files
   {EXIT_INTERRUPTED}  stopped with Ctrl-C ({EXIT_TERMINATED} for SIGTERM); requests in flight are cancelled"""
 
 
@@ -227,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_batch_size(p, "from all requests", "")
     add_speech_detection(p)
+    add_diarization(
+        p,
+        speaker_format=False,
+        counts=False,
+        what="load a speaker diarizer for the whole server: response_format diarized_json names who "
+        "speaks each segment (without it such requests get a 400)",
+    )
     return p
 
 
@@ -293,13 +308,19 @@ def _raise_open_files(connections: int) -> None:
         pass
 
 
-def _load_models(args: argparse.Namespace):
-    """(model, aligner or None, why word timestamps are unavailable) or an exit status."""
+def _load_models(args: argparse.Namespace, diarization: Diarization | None = None):
+    """(model, aligner or None, why word timestamps are unavailable, diarizer or None) or an exit status.
+    The diarizer loads first: a library that cannot run stops the server before any model loads."""
+    diarizer = None
+    if diarization is not None:
+        diarizer = load_diarizer(diarization, args.diarizer, _say)
+        if diarizer is None:
+            return EXIT_USAGE
     model = load_model(args.model, args.dtype, _say)
     if model is None:
         return EXIT_USAGE
     if args.no_aligner:
-        return model, None, "it was started with --no-aligner"
+        return model, None, "it was started with --no-aligner", diarizer
     loaded = load_aligner(
         args.aligner,
         args.dtype,
@@ -309,29 +330,31 @@ def _load_models(args: argparse.Namespace):
     if loaded.stop:
         return EXIT_USAGE
     if loaded.model is None:
-        return model, None, f"the forced aligner {_model_id(loaded.source)} could not be loaded"
-    return model, loaded.model, None
+        return model, None, f"the forced aligner {_model_id(loaded.source)} could not be loaded", diarizer
+    return model, loaded.model, None, diarizer
 
 
-def _serve(args: argparse.Namespace, exiting: bool) -> int:
+def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | None = None) -> int:
     try:
         sock = _listen(args.host, args.port)
     except OSError as e:
         _error(f"cannot listen on {args.host}:{args.port} ({(e.strerror or str(e)).lower()})")
         return EXIT_USAGE
-    engine = None
+    engine = speakers = None
     try:
-        loaded = _load_models(args)
+        loaded = _load_models(args, diarization)
         if isinstance(loaded, int):
             return loaded
-        model, aligner, words_unavailable = loaded
+        model, aligner, words_unavailable, diarizer = loaded
 
         import uvicorn
 
         from mlx_qwen3asr.pipeline.engine import Engine
-        from mlx_qwen3asr.serve.app import ConnectionLimits, LiveLimits, create_app, uvicorn_config
+        from mlx_qwen3asr.serve.app import ConnectionLimits, LiveLimits, Speakers, create_app, uvicorn_config
 
         engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad_options(args) or False)
+        if diarizer is not None:
+            speakers = Speakers(diarizer, diarization.lib, diarization.options)
         api_key = args.api_key
         app = create_app(
             engine,
@@ -350,6 +373,7 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
                 idle_timeout=args.live_idle_timeout,
                 max_buffer_seconds=args.max_live_buffer_seconds,
             ),
+            speakers=speakers,
         )
         limits = ConnectionLimits(
             header_timeout=args.header_timeout,
@@ -373,6 +397,8 @@ def _serve(args: argparse.Namespace, exiting: bool) -> int:
         return EXIT_OK
     finally:
         sock.close()
+        if speakers is not None:
+            speakers.close()
         if engine is not None and not exiting:
             engine.close()
 
@@ -387,8 +413,12 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     try:
         args = parser.parse_args(argv)
         check_vad(parser, args)
+        diarization = check_diarization(parser, args)
     except SystemExit as e:  # usage errors and --help
         return exit_status(e)
+    except Unavailable as e:
+        _error(str(e))
+        return EXIT_USAGE
     try:
         args.api_key = _api_key(args.api_key)
     except ValueError as e:
@@ -401,7 +431,7 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     # control) that would end in status 0, so the interrupt handler is set here.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        return _serve(args, exiting)
+        return _serve(args, exiting, diarization)
     except KeyboardInterrupt:
         print("mlxasr serve: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

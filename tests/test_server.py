@@ -294,7 +294,13 @@ def test_models_and_health(server):
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o-transcribe")
     health = httpx.get(f"{server.url}/health", headers={"Authorization": f"Bearer {KEY}"}).json()
-    assert health == {"status": "ok", "model": MODEL_ID, "word_timestamps": True, "queued_seconds": 0.0}
+    assert health == {
+        "status": "ok",
+        "model": MODEL_ID,
+        "word_timestamps": True,
+        "diarization": False,
+        "queued_seconds": 0.0,
+    }
 
 
 def test_the_prompt_is_the_context(server, model, monkeypatch, short_budgets, tmp_path):

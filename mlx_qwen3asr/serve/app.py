@@ -1,8 +1,9 @@
 """An OpenAI-compatible transcription server: one loaded model, one Engine shared by every request.
 
     POST /v1/audio/transcriptions   multipart form: file, model, language, prompt, response_format
-                                    (json, text, srt, vtt, verbose_json), timestamp_granularities[],
-                                    temperature, stream
+                                    (json, text, srt, vtt, verbose_json, diarized_json),
+                                    timestamp_granularities[], temperature, stream,
+                                    known_speaker_names[], chunking_strategy
     GET  /v1/models                 the loaded model as an OpenAI model list
     GET  /health                    status, the model, whether words can be timed, audio queued
     GET  /v1/realtime/transcription WebSocket: live audio in, partial and committed text out (live.py)
@@ -20,7 +21,7 @@ traceback or the key; the details go to the server's log.
 `create_app(engine, ...)` builds the ASGI application; `mlxasr serve` (mlx_qwen3asr.cli.serve) loads
 the model and runs it with uvicorn. Here are the routes and what they share; access.py checks who is
 served, connections.py bounds connections, uploads.py reads the form, openai.py parses the request and
-renders the answer, errors.py shapes what is refused.
+renders the answer, speakers.py diarizes beside transcription, errors.py shapes what is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +53,14 @@ from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import AudioTooLong, read_audio
 from mlx_qwen3asr.audio.signal import ArraySignal
 from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
-from mlx_qwen3asr.pipeline.result import Segment
+from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, Guard
 from mlx_qwen3asr.serve.connections import ConnectionLimits, http_protocol
 from mlx_qwen3asr.serve.errors import APIError, ClientGone
 from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits, LiveSessions
 from mlx_qwen3asr.serve.openai import RESPONSE_FORMATS, EventStream, parse_request, render_response
+from mlx_qwen3asr.serve.speakers import Speakers
 from mlx_qwen3asr.serve.uploads import Upload, read_upload, write_chunk
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "ConnectionLimits",
     "LiveLimits",
     "RESPONSE_FORMATS",
+    "Speakers",
     "create_app",
     "http_protocol",
     "uvicorn_config",
@@ -110,11 +113,13 @@ class _Server:
         upload_dir: Path,
         words_unavailable: str | None,
         access: Access,
+        speakers: Speakers | None = None,
     ) -> None:
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
         self.max_upload_bytes, self.max_queue_seconds = max_upload_bytes, max_queue_seconds
         self.max_audio_seconds, self.access = max_audio_seconds, access
         self.upload_dir, self.words_unavailable = upload_dir, words_unavailable
+        self.speakers = speakers
         self.created = int(time.time())
         self.started = time.monotonic()
         self.finished: deque[tuple[float, float]] = deque()  # (when, audio seconds) of recent jobs
@@ -125,9 +130,12 @@ class _Server:
 
     # -- limits --
 
-    def busy(self) -> APIError | None:
-        """The 503 to answer with when the engine already holds more audio than allowed, else None."""
+    def busy(self, diarize: bool = False) -> APIError | None:
+        """The 503 to answer with when the engine (or, for a diarized answer, the diarizer) already holds
+        more audio than allowed, else None."""
         queued = self.engine.queued_seconds()
+        if diarize and self.speakers is not None:
+            queued = max(queued, self.speakers.queued_seconds())
         if queued <= self.max_queue_seconds:
             return None
         retry = self.retry_after(queued - self.max_queue_seconds)
@@ -200,8 +208,32 @@ class _Server:
             500, "transcription failed (internal error; see the server log)", code="internal_error"
         )
 
-    def finish(self, job: Job | None, upload: Upload) -> None:
-        """A request is over: its job stops if it still runs, its file goes, its samples are closed."""
+    async def with_speakers(
+        self, request: Request | None, turns: Future, result: Transcription
+    ) -> Transcription:
+        """result with the speakers of its diarization (turns, a Future of the Speakers); a client that
+        leaves meanwhile (request given) drops it. Raises APIError (500) when diarization failed."""
+        future = asyncio.wrap_future(turns)
+        try:
+            found = await (self._watch(request, future) if request is not None else future)
+        except (ClientGone, asyncio.CancelledError):
+            turns.cancel()
+            raise
+        except Exception as e:
+            log.error("speaker diarization failed", exc_info=(type(e), e, e.__traceback__))
+            raise APIError(
+                500,
+                "speaker diarization failed (internal error; see the server log)",
+                code="diarization_failed",
+            ) from None
+        assert self.speakers is not None
+        return await anyio.to_thread.run_sync(self.speakers.assign, result, found)
+
+    def finish(self, job: Job | None, upload: Upload, turns: Future | None = None) -> None:
+        """A request is over: its job stops if it still runs, its diarization is dropped if it has not
+        started, its file goes, its samples are closed."""
+        if turns is not None:
+            turns.cancel()
         if job is not None:
             if not job.done:
                 job.cancel()
@@ -251,6 +283,7 @@ class _Server:
             raise error
         upload = await read_upload(request, self.upload_dir, self.max_upload_bytes, self.write_upload)
         job: Job | None = None
+        turns: Future | None = None  # the speaker turns of a diarized answer
         streaming = False
         try:
             req = parse_request(upload)
@@ -263,8 +296,15 @@ class _Server:
                     param="timestamp_granularities[]",
                     code="word_timestamps_unavailable",
                 )
+            if req.diarize and self.speakers is None:
+                raise APIError(
+                    400,
+                    "diarized_json is not available on this server: it was started without --diarize",
+                    param="response_format",
+                    code="diarization_unavailable",
+                )
             audio, seconds = await self.decode(upload)
-            error = self.busy()  # others may have come in meanwhile
+            error = self.busy(req.diarize)  # others may have come in meanwhile
             if error is not None:
                 raise error
             try:
@@ -272,11 +312,15 @@ class _Server:
                     audio,
                     language=req.language,
                     context=req.context,
-                    word_timestamps=req.word_timestamps,
+                    # Speakers change between words: their times cut the segments where they do.
+                    word_timestamps=req.word_timestamps or (req.diarize and self.engine.aligner is not None),
                     seconds=seconds,
                 )
             except ValueError as e:  # the context is too long (the language was checked already)
                 raise APIError(400, upload.scrub(str(e)), param="prompt") from None
+            if req.diarize:  # beside the transcription
+                assert self.speakers is not None
+                turns = self.speakers.submit(audio, seconds)
             if req.stream:
                 segments = self.segments(job)
                 first = await self._watch(
@@ -290,19 +334,21 @@ class _Server:
                         raise self.job_error(e, upload) from None
                     first = Segment(0.0, 0.0, "", "")
                 streaming = True
-                return EventStream(self, job, upload, req, first)  # type: ignore[return-value]
+                return EventStream(self, job, upload, req, first, turns)  # type: ignore[return-value]
             await self.wait(request, job)
             try:
                 result = job.result(timeout=0)
             except Exception as e:
                 raise self.job_error(e, upload) from None
+            if turns is not None:
+                result = await self.with_speakers(request, turns, result)
             wav = job.input_result.wav if job.input_result is not None else None
             return await anyio.to_thread.run_sync(
                 render_response, req, result, wav, self.engine.model.tokenizer.encode
             )
         finally:
             if not streaming:
-                self.finish(job, upload)
+                self.finish(job, upload, turns)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self.model_card()]})
@@ -323,6 +369,7 @@ class _Server:
                 "status": "ok",
                 "model": self.model_id,
                 "word_timestamps": self.engine.aligner is not None,
+                "diarization": self.speakers is not None,
                 "queued_seconds": round(self.engine.queued_seconds(), 3),
             }
         )
@@ -384,6 +431,7 @@ def create_app(
     allowed_hosts: Iterable[str] = (),
     cors_origins: Iterable[str] = (),
     live: LiveLimits | None = None,
+    speakers: Speakers | None = None,
 ) -> Starlette:
     """The ASGI application serving `engine` (which the caller closes when the server has stopped).
 
@@ -398,7 +446,8 @@ def create_app(
     "https://app.example", "*" for any) allowed to make cross-origin requests; others are refused
     (403), as are those of every other origin when it is empty. live: the bounds of the live sessions
     (WebSocket at /v1/realtime/transcription; default LiveLimits()), checked for Host, Origin and key
-    as the HTTP API.
+    as the HTTP API. speakers: the server's diarizer, for response_format diarized_json (None: such
+    requests are refused with a 400); the caller closes it when the server has stopped.
 
     Run it with `uvicorn_config`, whose connections have deadlines and a bound on their number.
     """
@@ -416,6 +465,7 @@ def create_app(
         upload_dir=folder,
         words_unavailable=words_unavailable or "it was started without a forced aligner",
         access=Access.build(host, allowed_hosts, cors_origins),
+        speakers=speakers,
     )
 
     sessions = LiveSessions(

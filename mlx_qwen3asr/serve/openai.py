@@ -1,5 +1,5 @@
 """OpenAI's /v1/audio/transcriptions: the form's options, the answer in each response_format
-(json, text, srt, vtt, verbose_json) and the server-sent events of a streamed one."""
+(json, text, srt, vtt, verbose_json, diarized_json) and the server-sent events of a streamed one."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,16 +25,26 @@ from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.output import join_texts
 
 __all__ = [
+    "DIARIZED",
     "GRANULARITIES",
     "RESPONSE_FORMATS",
     "EventStream",
     "TranscriptionRequest",
+    "diarized_segments",
     "parse_request",
     "render_response",
+    "speaker_label",
 ]
 
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 GRANULARITIES = ("segment", "word")
+# The format whose segments name their speaker (OpenAI's, of its diarizing model).
+DIARIZED = "diarized_json"
+# chunking_strategy: OpenAI's "auto", or server_vad with these settings (accepted; this server's own
+# speech detection and cutting decide).
+CHUNKING_VAD_FIELDS = {"threshold": float, "prefix_padding_ms": int, "silence_duration_ms": int}
+MAX_SPEAKER_NAMES = 100
+MAX_SPEAKER_NAME_CHARS = 100
 # What decoding does whatever `temperature` asks: greedy (argmax) tokens.
 DECODING_TEMPERATURE = 0.0
 
@@ -45,6 +56,12 @@ class TranscriptionRequest:
     context: str
     granularities: frozenset[str]
     stream: bool
+    speaker_names: tuple[str, ...] = ()  # known_speaker_names[]: the speakers in order of first appearance
+
+    @property
+    def diarize(self) -> bool:
+        """The answer names the speakers (diarized_json)."""
+        return self.response_format == DIARIZED
 
     @property
     def word_timestamps(self) -> bool:
@@ -101,13 +118,105 @@ def parse_request(upload: Upload) -> TranscriptionRequest:
         if not math.isfinite(value):
             raise APIError(400, f"temperature must be a number, got {temperature!r}", param="temperature")
         # Accepted for compatibility; decoding is greedy whatever it says.
+    _check_chunking(upload)
     return TranscriptionRequest(
         response_format=fmt,
         language=language,
         context=upload.value("prompt") or "",
         granularities=frozenset(chosen or {"segment"}),
         stream=_flag(upload.value("stream"), "stream"),
+        speaker_names=_speaker_names(upload),
     )
+
+
+def _speaker_names(upload: Upload) -> tuple[str, ...]:
+    """known_speaker_names[]: the speakers' names, in the order they first speak. Voices cannot be matched
+    to names here, so known_speaker_references[] is refused (400) rather than silently ignored."""
+    if any(
+        v.strip()
+        for k in ("known_speaker_references[]", "known_speaker_references")
+        for v in upload.fields.get(k, [])
+    ):
+        raise APIError(
+            400,
+            "known_speaker_references[] is not supported: this server does not match voices to names; "
+            "known_speaker_names[] alone names the speakers in the order they first speak",
+            param="known_speaker_references[]",
+            code="unsupported_known_speaker_references",
+        )
+    names = [
+        n.strip() for k in ("known_speaker_names[]", "known_speaker_names") for n in upload.fields.get(k, [])
+    ]
+    param = "known_speaker_names[]"
+    if len(names) > MAX_SPEAKER_NAMES:
+        raise APIError(
+            400, f"at most {MAX_SPEAKER_NAMES} known_speaker_names[], got {len(names)}", param=param
+        )
+    for k, name in enumerate(names):
+        if not name:
+            raise APIError(400, "known_speaker_names[] holds an empty name", param=param)
+        if len(name) > MAX_SPEAKER_NAME_CHARS or not name.isprintable():
+            raise APIError(
+                400,
+                f"known_speaker_names[] {k}: a name is at most {MAX_SPEAKER_NAME_CHARS} printable characters",
+                param=param,
+            )
+        if name in names[:k]:
+            raise APIError(400, f"known_speaker_names[] names {name!r} twice", param=param)
+    return tuple(names)
+
+
+def _check_chunking(upload: Upload) -> None:
+    """chunking_strategy, as OpenAI takes it: "auto", or a server_vad object (as the openai client sends
+    it, chunking_strategy[type] and its settings, or as a JSON object). Accepted when well formed: this
+    server's speech detection and cutting decide where the audio is cut. A malformed one is a 400."""
+    param = "chunking_strategy"
+    settings = {
+        k[len(param) + 1 : -1]: v
+        for k, values in upload.fields.items()
+        if k.startswith(param + "[") and k.endswith("]")
+        for v in values[:1]
+    }
+    value = (upload.value(param) or "").strip()
+    if value and settings:
+        raise APIError(400, "chunking_strategy is given twice", param=param)
+    if value.startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise APIError(400, 'chunking_strategy must be "auto" or a server_vad object', param=param)
+        settings = {str(k): v for k, v in parsed.items()}
+    elif value:
+        if value.lower() != "auto":
+            raise APIError(
+                400,
+                f'unsupported chunking_strategy {value!r}: use "auto" or a server_vad object',
+                param=param,
+            )
+        return
+    if not settings:
+        return
+    if str(settings.get("type", "")).strip() != "server_vad":
+        raise APIError(400, "chunking_strategy[type] must be server_vad", param=f"{param}[type]")
+    for key, raw in settings.items():
+        if key == "type":
+            continue
+        kind = CHUNKING_VAD_FIELDS.get(key)
+        if kind is None:
+            raise APIError(400, f"unknown chunking_strategy field {key!r}", param=f"{param}[{key}]")
+        try:
+            number = kind(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        low, high = (0.0, 1.0) if kind is float else (0, 60_000)
+        if number is None or not math.isfinite(number) or not low <= number <= high:
+            raise APIError(
+                400,
+                f"chunking_strategy[{key}] must be a number from {low:g} to {high:g}, got {raw!r}",
+                param=f"{param}[{key}]",
+            )
 
 
 # --- responses ------------------------------------------------------------------------------------
@@ -160,6 +269,47 @@ def _usage(result: Transcription) -> dict[str, Any]:
     return {"type": "duration", "seconds": _seconds(result.duration) or 0.0}
 
 
+def _letters(k: int) -> str:
+    """OpenAI's label of the k-th speaker (from 0) it has no name for: A, B, ..., Z, AA, AB, ..."""
+    label = ""
+    k += 1
+    while k:
+        k, rest = divmod(k - 1, 26)
+        label = chr(ord("A") + rest) + label
+    return label
+
+
+def speaker_label(seg: Segment, order: dict[Any, int], names: tuple[str, ...]) -> str:
+    """The speaker of a diarized segment as OpenAI labels it: the k-th speaker to speak is named by
+    known_speaker_names[k], else by a letter (A, B, ...); order maps each speaker seen so far to k."""
+    speaker = getattr(seg, "speaker", None)
+    if speaker is None:
+        return ""
+    k = order.setdefault(speaker, len(order))
+    return names[k] if k < len(names) else _letters(k)
+
+
+def diarized_segments(result: Transcription, names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The segments of diarized_json (and of streamed transcript.text.segment events): id, start, end,
+    text and speaker, those without text left out."""
+    order: dict[Any, int] = {}
+    out = []
+    for seg in result.segments:
+        if not seg.text.strip():
+            continue
+        out.append(
+            {
+                "type": "transcript.text.segment",
+                "id": f"seg_{len(out)}",
+                "start": _seconds(seg.start) or 0.0,
+                "end": _seconds(seg.end) or 0.0,
+                "text": seg.text,
+                "speaker": speaker_label(seg, order, names),
+            }
+        )
+    return out
+
+
 def render_response(
     req: TranscriptionRequest,
     result: Transcription,
@@ -168,6 +318,16 @@ def render_response(
 ) -> Response:
     """The answer in the requested format (CPU work: cues read the audio; run it off the event loop)."""
     fmt = req.response_format
+    if fmt == DIARIZED:
+        return JSONResponse(
+            {
+                "task": "transcribe",
+                "duration": _seconds(result.duration) or 0.0,
+                "text": result.text,
+                "segments": diarized_segments(result, req.speaker_names),
+                "usage": _usage(result),
+            }
+        )
     if fmt == "json":
         return JSONResponse({"text": result.text, "usage": _usage(result)})
     if fmt == "text":
@@ -204,7 +364,9 @@ class JobHost(Protocol):
 
     def job_error(self, e: BaseException, upload: Upload) -> APIError: ...
 
-    def finish(self, job: Job | None, upload: Upload) -> None: ...
+    def finish(self, job: Job | None, upload: Upload, turns: Future | None = None) -> None: ...
+
+    async def with_speakers(self, request: Any, turns: Future, result: Transcription) -> Transcription: ...
 
 
 def _event(payload: dict[str, Any]) -> bytes:
@@ -213,10 +375,21 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 class EventStream:
     """Server-sent events for one job: a `transcript.text.delta` per segment's text as it is decoded,
-    then `transcript.text.done` with the whole text. A client that leaves cancels the job."""
+    then, for diarized_json, a `transcript.text.segment` per segment with its speaker once the speakers
+    are known (turns), then `transcript.text.done` with the whole text. A client that leaves cancels the
+    job and the diarization."""
 
-    def __init__(self, server: JobHost, job: Job, upload: Upload, req: TranscriptionRequest, first: Segment):
+    def __init__(
+        self,
+        server: JobHost,
+        job: Job,
+        upload: Upload,
+        req: TranscriptionRequest,
+        first: Segment,
+        turns: Future | None = None,
+    ):
         self.server, self.job, self.upload, self.req, self.first = server, job, upload, req, first
+        self.turns = turns
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -234,7 +407,7 @@ class EventStream:
                 await self._send_events(send)
                 tasks.cancel_scope.cancel()
         finally:
-            self.server.finish(self.job, self.upload)
+            self.server.finish(self.job, self.upload, self.turns)
 
     async def _send_events(self, send: Send) -> None:
         headers = [
@@ -258,9 +431,13 @@ class EventStream:
             seg = await self.server.next_segment(segments)
         try:
             result = self.job.result(timeout=0)
+            if self.turns is not None:
+                result = await self.server.with_speakers(None, self.turns, result)
+                for segment in diarized_segments(result, self.req.speaker_names):
+                    await send({"type": "http.response.body", "body": _event(segment), "more_body": True})
             payload = {"type": "transcript.text.done", "text": result.text}
         except Exception as e:
-            error = self.server.job_error(e, self.upload)
+            error = e if isinstance(e, APIError) else self.server.job_error(e, self.upload)
             payload = {
                 "error": {"message": error.message, "type": error.type, "param": None, "code": error.code}
             }
