@@ -25,6 +25,16 @@ from pathlib import Path
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
 from mlx_qwen3asr.checkpoints.loading import load, require_kind
+from mlx_qwen3asr.cli.diarizing import (
+    INSTALL,
+    Diarization,
+    DiarizeQueue,
+    Unavailable,
+    add_diarization,
+    check_diarization,
+    load_diarizer,
+)
+from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
 from mlx_qwen3asr.cli.models import load_reason
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -80,10 +90,12 @@ output is kept unless --overwrite is given; an output may not replace the --text
 exit status:
   {EXIT_OK}    the outputs were written, or kept because they exist
   {EXIT_FAILED}    the audio could not be decoded, the transcript is far longer than the audio can
-       hold (nothing aligned), or an output could not be written
+       hold (nothing aligned), its speakers could not be told apart (--diarize), or an output
+       could not be written
   {EXIT_USAGE}    usage error (bad option, missing audio or text file, unreadable or empty text, a
-       language the aligner does not know, an output that would replace the text), or the aligner
-       could not be loaded or is a speech recognition model; nothing is written
+       language the aligner does not know, an output that would replace the text), the aligner
+       could not be loaded or is a speech recognition model, or --diarize has not its extra or its
+       model files; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C, nothing is written ({EXIT_TERMINATED} for SIGTERM)
 
 The aligner defaults to ${ALIGNER_ENV} or {DEFAULT_ALIGNER}."""
@@ -149,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kana, Korean with Hangul, Chinese with Han characters, else English); it decides how words are "
         "cut (Japanese and Korean differ) and must be one the aligner knows",
     )
+    add_diarization(p.add_argument_group(f"speakers (--diarize; needs {INSTALL})"))
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -266,7 +279,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
-def _align(args: argparse.Namespace, say: Say) -> int:
+def _align(args: argparse.Namespace, say: Say, diarization: Diarization | None = None) -> int:
     try:
         language = resolve_language(args.language)
     except ValueError as e:
@@ -302,7 +315,16 @@ def _align(args: argparse.Namespace, say: Say) -> int:
     except AudioError as e:
         raise AlignError(f"{args.audio}: {e.reason}", EXIT_FAILED) from None
     signal = decoded.signal
+    speakers = None
     try:
+        if diarization is not None:
+            # First: a library that cannot run stops the command before any model loads. The audio is
+            # diarized on a worker thread while the aligner times the words.
+            diarizer = load_diarizer(diarization, args.diarizer, say)
+            if diarizer is None:
+                raise AlignError("", EXIT_USAGE)
+            speakers = DiarizeQueue(diarizer, diarization.options, read=lambda samples: samples)
+            speakers.submit(0, signal.samples())
         source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
         say.info(f"loading aligner {source}")
         try:
@@ -325,6 +347,14 @@ def _align(args: argparse.Namespace, say: Say) -> int:
         result.warnings[:0] = decoded.warnings
         if decoded.truncated:
             result.header_duration = decoded.header_seconds
+        if speakers is not None:
+            outcome = speakers.outcome(0)
+            try:
+                if outcome.error is not None:
+                    raise outcome.error
+                result = diarization.assign(result, outcome.turns)
+            except Exception as e:
+                raise AlignError(f"{args.audio}: {diarize_failure(e)}", EXIT_FAILED) from None
         options = TranscribeOptions(
             language=language, max_segment_seconds=PIECE_SECONDS, word_timestamps=True, aligner=source
         )
@@ -336,6 +366,8 @@ def _align(args: argparse.Namespace, say: Say) -> int:
                 f"cannot write output{where} ({(e.strerror or str(e)).lower()})", EXIT_FAILED
             ) from None
     finally:
+        if speakers is not None:
+            speakers.close()  # after Ctrl-C the diarizer is not waited for
         signal.close()
     for warning in result.warnings:
         say.warning(f"{args.audio}: {warning}")
@@ -355,9 +387,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_status(e)
     say = Say(PROG, args.quiet)
     try:
-        return _align(args, say)
-    except AlignError as e:
+        diarization = check_diarization(parser, args)
+    except SystemExit as e:
+        return exit_status(e)
+    except Unavailable as e:
         say.error(str(e))
+        return EXIT_USAGE
+    try:
+        return _align(args, say, diarization)
+    except AlignError as e:
+        if str(e):  # an empty one was said already
+            say.error(str(e))
         return e.status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)

@@ -330,6 +330,16 @@ class DiarizeQueue:
         queued = {k for k, _ in self._pending} | {self._running}
         return keys - queued - self._done.keys()
 
+    def outcome(self, key: Hashable) -> Outcome:
+        """key's outcome, once it is done (taken here); an error outcome if it never will be."""
+        while True:
+            self.wait([key], timeout=0.5)
+            with self._cond:
+                if key in self._done:
+                    return self._done.pop(key)
+                if self._lost({key}):
+                    return Outcome(None, error=RuntimeError(_LOST))
+
     @property
     def busy(self) -> bool:
         """Some file is still to be diarized or being diarized."""

@@ -394,3 +394,43 @@ def test_a_transcribed_file_waits_for_its_speakers(tmp_path, model, monkeypatch,
         gate.set()
     assert seen == [True]
     assert (folder / "a.txt").exists()
+
+
+# --- mlxasr align --diarize ---------------------------------------------------------------------------
+
+
+def test_align_diarizes_and_fails_without_writing_when_diarization_does(tmp_path, monkeypatch, capsys):
+    lib = StandIn()
+    monkeypatch.setattr(diarizing, "library", lambda: lib)
+    audio = write(tmp_path, "talk.wav", 6.0)
+    (tmp_path / "talk.txt").write_text(SAID, encoding="utf-8")
+    args = ["align", str(audio), "--text", str(tmp_path / "talk.txt"), "--json", "--diarize"]
+    assert main([*args, "--num-speakers", "2", "--diarizer", "dia"]) == 0
+    assert [round(c[0], 2) for c in lib.calls] == [6.0] and lib.loaded == ["dia"]
+    assert lib.options[0].num_speakers == 2
+    assert (tmp_path / "talk.json").exists()
+
+    lib.fail_on = 6.0
+    assert main([*args, "--overwrite", "--vtt"]) == 1
+    err = capsys.readouterr().err
+    assert "speaker diarization failed: the stand-in diarizer fails on this file" in err
+    assert not (tmp_path / "talk.vtt").exists()
+
+
+def test_align_diarize_without_the_library_loads_nothing(tmp_path, monkeypatch, capsys):
+    import mlx_qwen3asr.cli.align as cli_align
+
+    monkeypatch.setattr(cli_align, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
+
+    def missing():
+        raise diarizing.Unavailable(f"speaker diarization is not installed; {diarizing.INSTALL}")
+
+    monkeypatch.setattr(diarizing, "library", missing)
+    audio = write(tmp_path, "talk.wav", 2.0)
+    (tmp_path / "talk.txt").write_text(SAID, encoding="utf-8")
+    assert main(["align", str(audio), "--text", str(tmp_path / "talk.txt"), "--diarize"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and diarizing.INSTALL in err
+    assert main(["align", str(audio), "--text", str(tmp_path / "talk.txt"), "--num-speakers", "2"]) == 2
+    assert "has no effect without --diarize" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["talk.txt", "talk.wav"]
