@@ -13,6 +13,16 @@ Presets: `tiny` and `0.6b` (Qwen/Qwen3-ASR-0.6B), `1.7b` (Qwen/Qwen3-ASR-1.7B, t
 as released), `aligner` and `aligner-tiny` (Qwen/Qwen3-ForcedAligner-0.6B: 24-layer 1024-wide encoder,
 5000-class timestamp head, vocabulary 152064).
 
+`diarizer` writes the model folder of the speaker diarizer instead (mlx_qwen3asr.diarize): the files
+speakrs's CPU mode loads (`speakrs.required_model_files("CPU")`), pyannote's community-1 pipeline as
+speakrs stores it: `segmentation-3.0.safetensors` (PyanNet: SincNet, 4 bidirectional LSTM layers, two
+linear layers, a 7-class powerset head; ONNX initializer names), `wespeaker-multimask-tail.safetensors`
+(WeSpeaker ResNet34 with its batch norms folded into the convolutions, `*.weight_bias`, and the 256-wide
+embedding layer), the PLDA as six `plda_*.npy` arrays (float64) and
+`wespeaker-voxceleb-resnet34.min_num_samples.txt`. Names, shapes and dtypes (float32 tensors) are those
+speakrs 0.7.0's loader checks; the SincNet constants are computed as pyannote initialises them, the rest
+is seeded random, with a well-conditioned PLDA.
+
 Layouts:
   release  `thinker.*` weight names, the tied head stored as a copy of the embedding, bfloat16;
   hf       the transformers-native `-hf` repositories: their config.json, weights named
@@ -363,8 +373,10 @@ def write_checkpoint(
         released unless this is given).
     tie_word_embeddings: override the text config's tie flag (an ASR checkpoint with its own head).
     """
+    if preset == DIARIZER_PRESET:  # not a Qwen checkpoint: the diarizer's model folder (layout unused)
+        return write_diarizer(out, seed)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}: use one of {', '.join([*PRESETS, DIARIZER_PRESET])}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     metadata_dir = Path(metadata_dir) if metadata_dir else DEFAULT_METADATA_DIR
@@ -427,9 +439,183 @@ def write_checkpoint(
     return out
 
 
+# --------------------------------------------------------------------------------------------------
+# The speaker diarizer's models (speakrs, CPU mode)
+# --------------------------------------------------------------------------------------------------
+
+DIARIZER_PRESET = "diarizer"
+SEGMENTATION_FILE = "segmentation-3.0.safetensors"
+EMBEDDING_FILE = "wespeaker-multimask-tail.safetensors"
+MIN_SAMPLES_FILE = "wespeaker-voxceleb-resnet34.min_num_samples.txt"
+PLDA_FILES = (
+    "plda_lda.npy",
+    "plda_tr.npy",
+    "plda_mu.npy",
+    "plda_psi.npy",
+    "plda_mean1.npy",
+    "plda_mean2.npy",
+)
+# The shortest input (samples at 16 kHz) the embedding takes: one 25 ms filterbank frame.
+EMBEDDING_MIN_SAMPLES = 400
+
+# PyanNet (pyannote/segmentation-3.0): SincNet (80 sinc filters of 251 taps, two 5-tap convolutions of 60
+# channels), a 4-layer bidirectional LSTM of 128 units, linear 256 -> 128 -> 128, 7 powerset classes.
+_SINC_FILTERS, _SINC_TAPS, _SAMPLE_RATE = 80, 251, 16000
+_LSTM_LAYERS, _LSTM_HIDDEN, _SINC_CHANNELS, _CLASSES = 4, 128, 60, 7
+_LSTM_INPUT_GAIN, _LSTM_RECURRENT_GAIN, _LINEAR_GAIN = 4.0, 6.0, 3.0
+# WeSpeaker ResNet34: 32 channels doubled in each of 4 stages of 3, 4, 6, 3 basic blocks; statistics
+# pooling of 80 / 8 mel bands x 256 channels, mean and deviation, into a 256-wide embedding.
+_RESNET_BLOCKS, _RESNET_CHANNELS, _EMBEDDING = (3, 4, 6, 3), 32, 256
+# The PLDA: a 256 -> 128 LDA, then a 128-dimensional PLDA space.
+_LDA_IN, _LDA_OUT = 256, 128
+# The ONNX export names its unnamed initializers onnx::<Op>_<number>; speakrs takes them in number order.
+_ONNX_FIRST_NUMBER = 1000
+
+
+def _mel(hz):
+    return 2595 * np.log10(1 + hz / 700)
+
+
+def _hz(mel):
+    return 700 * (10 ** (mel / 2595) - 1)
+
+
+def segmentation_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """The segmentation model's tensors as speakrs stores them (float32), seeded."""
+    rng = np.random.default_rng([seed, 1])
+
+    def uniform(shape, bound):
+        return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+    tensors: dict[str, np.ndarray] = {}
+    number = _ONNX_FIRST_NUMBER
+
+    def onnx(op: str, value: np.ndarray) -> None:
+        nonlocal number
+        tensors[f"onnx::{op}_{number}"] = value
+        number += 1
+
+    # SincNet's filterbank, as asteroid's ParamSincFB initialises it (mel-spaced bands), jittered.
+    half = _SINC_TAPS // 2
+    mel = np.linspace(_mel(30.0), _mel(_SAMPLE_RATE / 2 - (50 + 50)), _SINC_FILTERS // 2 + 1)
+    hz = _hz(mel) * (1 + 0.02 * rng.standard_normal(mel.shape))
+    n_lin = np.linspace(0, _SINC_TAPS / 2 - 1, half)
+    n = 2 * np.pi * np.arange(-(_SINC_TAPS - 1) / 2, 0) / _SAMPLE_RATE
+    prefix = "sincnet.conv1d.0.filterbank."
+    tensors["sincnet.wav_norm1d.weight"] = np.ones(1, np.float32)
+    tensors["sincnet.wav_norm1d.bias"] = np.zeros(1, np.float32)
+    tensors[prefix + "low_hz_"] = hz[:-1].reshape(-1, 1).astype(np.float32)
+    tensors[prefix + "band_hz_"] = np.diff(hz).reshape(-1, 1).astype(np.float32)
+    tensors[prefix + "window_"] = (0.54 - 0.46 * np.cos(2 * np.pi * n_lin / _SINC_TAPS)).astype(np.float32)
+    tensors[prefix + "n_"] = n.reshape(1, -1).astype(np.float32)
+    channels = [_SINC_FILTERS, _SINC_CHANNELS, _SINC_CHANNELS]
+    for k in (1, 2):
+        bound = (channels[k - 1] * 5) ** -0.5
+        tensors[f"sincnet.conv1d.{k}.weight"] = uniform((channels[k], channels[k - 1], 5), bound)
+        tensors[f"sincnet.conv1d.{k}.bias"] = uniform((channels[k],), bound)
+    for k, width in enumerate(channels):
+        tensors[f"sincnet.norm1d.{k}.weight"] = (1 + 0.05 * rng.standard_normal(width)).astype(np.float32)
+        tensors[f"sincnet.norm1d.{k}.bias"] = (0.05 * rng.standard_normal(width)).astype(np.float32)
+    # The LSTM as ONNX holds it, per layer: B [2, 8H] (input and recurrent biases), W [2, 4H, in], R [2, 4H, H].
+    # PyTorch's init (bounds H^-0.5) leaves the output all but constant, so one powerset class would win
+    # every frame: larger input and recurrent weights make it follow the audio.
+    bound = _LSTM_HIDDEN**-0.5
+    for layer in range(_LSTM_LAYERS):
+        width = _SINC_CHANNELS if layer == 0 else 2 * _LSTM_HIDDEN
+        onnx("LSTM", uniform((2, 8 * _LSTM_HIDDEN), bound))
+        onnx("LSTM", uniform((2, 4 * _LSTM_HIDDEN, width), _LSTM_INPUT_GAIN * bound))
+        onnx("LSTM", uniform((2, 4 * _LSTM_HIDDEN, _LSTM_HIDDEN), _LSTM_RECURRENT_GAIN * bound))
+    # Linear layers as MatMul by the transposed weight, their biases under their own names.
+    sizes = [
+        (2 * _LSTM_HIDDEN, 128, "linear.0.bias"),
+        (128, 128, "linear.1.bias"),
+        (128, _CLASSES, "classifier.bias"),
+    ]
+    for fan_in, fan_out, bias in sizes:
+        onnx("MatMul", uniform((fan_in, fan_out), _LINEAR_GAIN * fan_in**-0.5))
+        tensors[bias] = uniform((fan_out,), fan_in**-0.5)
+    # The sinc filters' n_ / 2, folded into a constant by the export.
+    onnx("Div", (n / 2).reshape(1, -1).astype(np.float32))
+    return tensors
+
+
+def _resnet_layers() -> list[tuple[str, int, int, int]]:
+    """(name, out channels, in channels, kernel) of every convolution of the ResNet34 trunk."""
+    layers = [("resnet.conv1", _RESNET_CHANNELS, 1, 3)]
+    width = _RESNET_CHANNELS
+    for stage, blocks in enumerate(_RESNET_BLOCKS, 1):
+        out = _RESNET_CHANNELS * 2 ** (stage - 1)
+        for block in range(blocks):
+            name = f"resnet.layer{stage}.{block}"
+            layers.append((f"{name}.conv1", out, width, 3))
+            layers.append((f"{name}.conv2", out, out, 3))
+            if width != out:
+                layers.append((f"{name}.shortcut.0", out, width, 1))
+            width = out
+    return layers
+
+
+def embedding_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """The speaker embedding's tensors as speakrs stores them (float32, batch norms folded), seeded."""
+    rng = np.random.default_rng([seed, 2])
+    tensors: dict[str, np.ndarray] = {}
+    for name, out, inp, kernel in _resnet_layers():
+        std = (2.0 / (inp * kernel * kernel)) ** 0.5  # He init keeps the activations' scale through ReLU
+        tensors[f"{name}.weight"] = (std * rng.standard_normal((out, inp, kernel, kernel))).astype(np.float32)
+        tensors[f"{name}.weight_bias"] = (0.05 * rng.standard_normal(out)).astype(np.float32)
+    pooled = 2 * (80 // 8) * _RESNET_CHANNELS * 8
+    tensors["resnet.seg_1.weight"] = (pooled**-0.5 * rng.standard_normal((_EMBEDDING, pooled))).astype(
+        np.float32
+    )
+    tensors["resnet.seg_1.bias"] = (0.05 * rng.standard_normal(_EMBEDDING)).astype(np.float32)
+    return tensors
+
+
+def plda_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    """The PLDA's arrays (float64), seeded: an orthonormal LDA and a well-conditioned transform."""
+    rng = np.random.default_rng([seed, 3])
+    lda, _ = np.linalg.qr(rng.standard_normal((_LDA_IN, _LDA_OUT)))
+    tr, _ = np.linalg.qr(rng.standard_normal((_LDA_OUT, _LDA_OUT)))
+    return {
+        "plda_mean1.npy": 0.1 * rng.standard_normal(_LDA_IN),
+        "plda_mean2.npy": 0.1 * rng.standard_normal(_LDA_OUT),
+        "plda_lda.npy": lda,
+        "plda_mu.npy": 0.1 * rng.standard_normal(_LDA_OUT),
+        "plda_tr.npy": tr * rng.uniform(0.5, 2.0, (_LDA_OUT, 1)),
+        "plda_psi.npy": np.sort(rng.uniform(0.05, 5.0, _LDA_OUT))[::-1].copy(),
+    }
+
+
+def diarizer_specs(seed: int = 0) -> dict[str, dict[str, tuple[tuple[int, ...], str]]]:
+    """{file: {tensor: (shape, dtype)}} of the diarizer folder's weight files (the .npy files: {"": ...})."""
+    specs: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
+    for fname, tensors in (
+        (SEGMENTATION_FILE, segmentation_tensors(seed)),
+        (EMBEDDING_FILE, embedding_tensors(seed)),
+    ):
+        specs[fname] = {k: (tuple(v.shape), str(v.dtype)) for k, v in tensors.items()}
+    for fname, value in plda_arrays(seed).items():
+        specs[fname] = {"": (tuple(value.shape), str(value.dtype))}
+    return specs
+
+
+def write_diarizer(out: str | Path, seed: int = 0) -> Path:
+    """Write the diarizer's model folder (speakrs CPU mode) with seeded random weights; return its path."""
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(segmentation_tensors(seed), str(out / SEGMENTATION_FILE), metadata={"format": "pt"})
+    save_file(embedding_tensors(seed), str(out / EMBEDDING_FILE), metadata={"format": "pt"})
+    for fname, value in plda_arrays(seed).items():
+        np.save(out / fname, value)
+    (out / MIN_SAMPLES_FILE).write_text(f"{EMBEDDING_MIN_SAMPLES}\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=list(PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=[*PRESETS, DIARIZER_PRESET], default="tiny")
     ap.add_argument("--layout", choices=LAYOUTS, default="release")
     ap.add_argument("-o", "--output", required=True, help="directory to write")
     ap.add_argument("--seed", type=int, default=0)
@@ -444,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
         "--tokenizer-dir", default=None, help=f"vocab.json and merges.txt (default {DEFAULT_TOKENIZER_DIR})"
     )
     args = ap.parse_args(argv)
+    if args.preset == DIARIZER_PRESET:
+        path = write_diarizer(args.output, args.seed)
+        print(f"wrote the {DIARIZER_PRESET} model files (speakrs, CPU mode) to {path}")
+        return 0
     path = write_checkpoint(
         args.output,
         args.preset,
