@@ -39,8 +39,10 @@ def test_readme_setup_and_test_commands_are_what_ci_runs():
     assert code[:1] == ["pip install . && mlxasr ./recordings --srt"]
     test = "python -m pytest"
     install = code[code.index(test) - 1]
-    assert install == 'pip install -e ".[test]" && pip install --no-deps qwen-asr==0.0.6 mlx-lm==0.32.2'
-    assert 'python -m pip install -q -e ".[test]"' in ci
+    assert (
+        install == 'pip install -e ".[test,diarize]" && pip install --no-deps qwen-asr==0.0.6 mlx-lm==0.32.2'
+    )
+    assert 'python -m pip install -q -e ".[test,diarize]"' in ci
     assert 'python -m pip install -q --no-deps "qwen-asr==0.0.6" "mlx-lm==0.32.2"' in ci
     assert f"\n{test}\n" in ci
 

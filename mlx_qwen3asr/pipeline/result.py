@@ -18,6 +18,10 @@ class Word:
     end: float
     char_start: int = 0  # the word's span [char_start, char_end) in its segment's text
     char_end: int = 0
+    # With speaker diarization (mlx_qwen3asr.diarize.assign_speakers): who said it, and whether another
+    # speaker talked at the same time.
+    speaker: str | None = None
+    overlap: bool = False
 
 
 @dataclass
@@ -45,6 +49,10 @@ class Segment:
     words: list[Word] = field(default_factory=list)
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
+    # With speaker diarization: the speaker of the whole segment (a segment never spans two), and
+    # whether another speaker talks over it.
+    speaker: str | None = None
+    overlap: bool = False
 
 
 @dataclass
@@ -60,6 +68,8 @@ class Transcription:
     header_duration: float | None = None
     # Where speech was found, (start, end) in seconds, when speech detection chose what was transcribed.
     speech: list[tuple[float, float]] | None = None
+    # With speaker diarization: the speakers' labels in order of first appearance; empty without.
+    speakers: list[str] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
