@@ -90,17 +90,22 @@ class Cue:
     end: float
     text: str  # lines separated by "\n"
     words: tuple[CueWord, ...] = ()  # in order; empty for cues of estimated segments
+    speaker: str | None = None  # with speaker diarization: who speaks (a cue never spans two speakers)
 
     @property
     def lines(self) -> list[str]:
         return self.text.split("\n")
 
     def to_dict(self) -> dict[str, object]:
-        return {"start": self.start, "end": self.end, "text": self.text}
+        out: dict[str, object] = {"start": self.start, "end": self.end, "text": self.text}
+        if self.speaker is not None:
+            out["speaker"] = self.speaker
+        return out
 
 
 class TimedText(Protocol):
-    """What build_cues reads of a segment: its start and end in seconds, and its text."""
+    """What build_cues reads of a segment: its start and end in seconds, and its text (and, where it
+    has them, its timing, words and speaker)."""
 
     start: float
     end: float
@@ -117,6 +122,7 @@ class RawCue:
     words: list[tuple[str, int, int, int, int]] | None = None  # (text, start, end, char_start, char_end)
     last_start: int = 0  # milliseconds: when the cue's last word starts
     natural_end: int = 0  # milliseconds: when the cue's last word ends
+    speaker: str | None = None  # the speaker of the segment it was cut from
 
 
 def to_milliseconds(seconds: float) -> int:

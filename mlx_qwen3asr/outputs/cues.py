@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
+from mlx_qwen3asr.diarize import split_at_speakers
 from mlx_qwen3asr.outputs.cue_types import (
     ROUNDING_SLACK,
     Cue,
@@ -41,6 +42,7 @@ from mlx_qwen3asr.outputs.word_cues import (
     word_tokens,
 )
 from mlx_qwen3asr.outputs.wrapping import clean_text, split_units, text_units, unit_weights, wrap_units
+from mlx_qwen3asr.pipeline.result import Segment
 
 __all__ = [
     "Cue",
@@ -186,6 +188,14 @@ def _segment_cues(
     ]
 
 
+def _speaker_pieces(seg: TimedText) -> Sequence[TimedText]:
+    """The segment cut where the speaker of its words changes (a Segment with aligned words of two or
+    more speakers); other segments as they are."""
+    if isinstance(seg, Segment) and is_aligned(seg) and len({w.speaker for w in seg.words}) > 1:
+        return split_at_speakers(seg)
+    return [seg]
+
+
 def build_cues(
     segments: Sequence[TimedText],
     audio: np.ndarray | None = None,
@@ -203,6 +213,8 @@ def build_cues(
     at quiet points. Cues are ordered, do not overlap, last at least 1 ms (min_duration, or
     word_min_duration, where the gap to the next cue allows) and are timed in whole milliseconds.
     No cue ends after `duration` seconds (default: the audio's length, when it is given).
+    With speaker diarization (segments with a `speaker`), each cue carries its segment's speaker and no
+    cue spans two: a segment whose words have different speakers is cut where the speaker changes.
     """
     options = options or CueOptions()
     # The audio may be an array or a decoded signal read by range (long files are not held whole).
@@ -213,21 +225,28 @@ def build_cues(
     end_s = math.inf if end_ms is None else end_ms / 1000
     # The frame length frame_energy_db really used, after rounding to whole samples.
     frame_seconds = max(1, int(round(_FRAME_SECONDS * sample_rate))) / sample_rate
-    ordered = [seg for seg in sorted(segments, key=lambda s: s.start) if seg.text and seg.text.strip()]
+    # A segment whose words have different speakers is cut where the speaker changes: no cue spans two.
+    pieces = [piece for seg in segments for piece in _speaker_pieces(seg)]
+    ordered = [seg for seg in sorted(pieces, key=lambda s: s.start) if seg.text and seg.text.strip()]
     raw: list[RawCue] = []
     for k, seg in enumerate(ordered):
         tokens = word_tokens(seg.text, seg.words, options, end_ms) if is_aligned(seg) else None
+        speaker = getattr(seg, "speaker", None)
         if tokens:
             # The last cue may read on until the next segment (or the end of the audio).
             room = math.inf if end_ms is None else end_ms
             if k + 1 < len(ordered):
                 room = min(room, to_milliseconds(ordered[k + 1].start) - round(options.min_gap * 1000))
             room = max(room, tokens[-1].end)
-            raw.extend(layout_word_cue(tokens[i:j], options) for i, j in split_tokens(tokens, options, room))
+            for i, j in split_tokens(tokens, options, room):
+                cue = layout_word_cue(tokens[i:j], options)
+                cue.speaker = speaker
+                raw.append(cue)
         else:
             start, stop = min(seg.start, end_s), min(seg.end, end_s)
             raw.extend(
-                RawCue(*cue) for cue in _segment_cues(seg.text, start, stop, options, energy, frame_seconds)
+                RawCue(*cue, speaker=speaker)
+                for cue in _segment_cues(seg.text, start, stop, options, energy, frame_seconds)
             )
 
     # Short cues borrow time from the gap after them (the last one up to the end of the audio).
@@ -250,7 +269,7 @@ def build_cues(
             if a.words is not None and b.words is not None:
                 shift = len(a.text) + 1
                 words = a.words + [(t, s, e, cs + shift, ce + shift) for t, s, e, cs, ce in b.words]
-            raw[-1] = RawCue(a.start, b.end, f"{a.text}\n{b.text}", words)
+            raw[-1] = RawCue(a.start, b.end, f"{a.text}\n{b.text}", words, speaker=a.speaker)
     cues: list[Cue] = []
     prev_end = 0
     n = len(raw)
@@ -268,6 +287,6 @@ def build_cues(
                 s = min(max(s, start_ms), stop_ms)
                 timed.append(CueWord(text, s / 1000, min(max(e, s), stop_ms) / 1000, cs, ce))
             words = tuple(timed)
-        cues.append(Cue(start_ms / 1000, stop_ms / 1000, cue.text, words))
+        cues.append(Cue(start_ms / 1000, stop_ms / 1000, cue.text, words, cue.speaker))
         prev_end = stop_ms
     return cues

@@ -20,7 +20,7 @@ from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS, SAMPLE_RATE
 from mlx_qwen3asr.audio.files import not_regular_reason
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.outputs.cues import Cue, CueOptions, build_cues
-from mlx_qwen3asr.outputs.render import FORMATS, render
+from mlx_qwen3asr.outputs.render import FORMATS, SPEAKER_FORMATS, render
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
 from mlx_qwen3asr.pipeline.result import Transcription
 from mlx_qwen3asr.runtime.atomic import (
@@ -215,7 +215,7 @@ def output_stem(name: str) -> str:
 @dataclass
 class FileJob:
     input: InputFile
-    outputs: dict[str, Path]  # format -> output path, in FORMATS order
+    outputs: dict[str, Path]  # format -> output path, in FORMATS then SPEAKER_FORMATS order
     problem: str | None = None  # why the outputs cannot be written, found while planning
     # The file the audio is read from, when it is not the input's path (standard input, spilled to a
     # temporary file, is named "stdin"); None: the input's path.
@@ -271,10 +271,11 @@ def plan_jobs(
     different arguments. A job whose output path another job needs as a folder carries a problem.
     """
     requested = set(formats)
-    fmts = [f for f in FORMATS if f in requested]
-    unknown = requested - set(FORMATS)
+    known = (*FORMATS, *SPEAKER_FORMATS)
+    fmts = [f for f in known if f in requested]
+    unknown = requested - set(known)
     if unknown:
-        raise ValueError(f"unknown output format(s) {', '.join(sorted(unknown))}: use {', '.join(FORMATS)}")
+        raise ValueError(f"unknown output format(s) {', '.join(sorted(unknown))}: use {', '.join(known)}")
     out_root = Path(output_dir) if output_dir is not None else None
     folders = [_output_folder(inp, out_root) for inp in inputs]
     taken_by_inputs = {_key(inp.path) for inp in inputs}
@@ -475,9 +476,13 @@ class TranscribeOptions:
     aligner: str | None = None  # the aligner used, when words were timed
     highlight_words: str | None = None  # a style of outputs.render.HIGHLIGHT_STYLES; None: off
     vad: VadOptions | None = None  # speech detection (None: off)
+    # How TXT and SRT name the speaker where it changes, when speakers were told apart (None: the
+    # writers' default, outputs.render.DEFAULT_SPEAKER_FORMAT).
+    speaker_format: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The options as recorded in JSON output."""
+        """The options as recorded in JSON output (speaker_format only when it is set)."""
+        extra = {} if self.speaker_format is None else {"speaker_format": self.speaker_format}
         return {
             "language": self.language,
             "context": self.context,
@@ -494,6 +499,7 @@ class TranscribeOptions:
             "max_chars_per_second": self.cues.max_cps,
             "vad": self.vad is not None,
             "vad_threshold": None if self.vad is None else self.vad.threshold,
+            **extra,
         }
 
 
@@ -558,6 +564,7 @@ def write_outputs(
             model=model_name,
             options=options.to_dict(),
             highlight_words=options.highlight_words,
+            **({} if options.speaker_format is None else {"speaker_format": options.speaker_format}),
         )
         for fmt, path in job.outputs.items()
         if fmt not in taken

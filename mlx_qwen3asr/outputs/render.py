@@ -6,24 +6,34 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, is_dataclass
+from pathlib import PurePath
 from typing import Any
 
+from mlx_qwen3asr.diarize import rttm_lines
 from mlx_qwen3asr.outputs.cue_types import Cue, format_timestamp, to_milliseconds
 from mlx_qwen3asr.outputs.wrapping import clean_text
 from mlx_qwen3asr.pipeline.transcribe import Transcription
 
 __all__ = [
+    "DEFAULT_SPEAKER_FORMAT",
     "FORMATS",
     "HIGHLIGHT_STYLES",
+    "SPEAKER_FORMATS",
     "render",
     "render_json",
+    "render_rttm",
     "render_srt",
     "render_txt",
     "render_vtt",
+    "rttm_file_id",
     "segment_json",
 ]
 
 FORMATS: tuple[str, ...] = ("txt", "srt", "vtt", "json")
+# Formats that only speaker diarization fills: RTTM, who spoke when, as diarization tools write it.
+SPEAKER_FORMATS: tuple[str, ...] = ("rttm",)
+# How TXT and SRT name the speaker where it changes ({speaker}: its label, "Speaker 1" or a given name).
+DEFAULT_SPEAKER_FORMAT = "{speaker}: "
 # How subtitles show the word being spoken: "underline" repeats a cue once per word with that word in
 # <u>...</u> (SRT and WebVTT, as whisper writes them); "karaoke" tags each word's time in WebVTT
 # (<HH:MM:SS.mmm>) and underlines in SRT, which has no such tags.
@@ -43,10 +53,43 @@ def _highlight_style(highlight_words: bool | str | None) -> str | None:
     return highlight_words
 
 
-def render_txt(result: Transcription) -> str:
-    """The transcript as plain text, one paragraph per segment (pieces of up to ~30 s of audio)."""
-    paragraphs = [clean_text(s.text) for s in result.segments]
-    paragraphs = [p for p in paragraphs if p]
+def _speaker_prefix(speaker_format: str) -> Callable[[str], str]:
+    """The prefix for a speaker's label, from a format with one {speaker} field; ValueError otherwise."""
+    try:
+        speaker_format.format(speaker="Speaker 1")
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise ValueError(
+            f"speaker format {speaker_format!r} must hold {{speaker}} and no other field ({e})"
+        ) from None
+    if "{speaker}" not in speaker_format:
+        raise ValueError(f"speaker format {speaker_format!r} must hold {{speaker}}")
+    return lambda label: speaker_format.format(speaker=label)
+
+
+def _changes(speakers: Sequence[str | None]) -> list[str | None]:
+    """For each item, its speaker where it differs from the last speaker before it, else None."""
+    out: list[str | None] = []
+    last = None
+    for speaker in speakers:
+        out.append(speaker if speaker is not None and speaker != last else None)
+        if speaker is not None:
+            last = speaker
+    return out
+
+
+def render_txt(result: Transcription, *, speaker_format: str = DEFAULT_SPEAKER_FORMAT) -> str:
+    """The transcript as plain text, one paragraph per segment (pieces of up to ~30 s of audio).
+
+    With speakers (speaker diarization), a paragraph where the speaker changes starts with
+    speaker_format ("{speaker}: " gives "Speaker 1: ...").
+    """
+    prefix = _speaker_prefix(speaker_format)
+    kept = [(clean_text(s.text), getattr(s, "speaker", None)) for s in result.segments]
+    kept = [(p, speaker) for p, speaker in kept if p]
+    paragraphs = [
+        (prefix(change) if change is not None else "") + p
+        for (p, _), change in zip(kept, _changes([speaker for _, speaker in kept]))
+    ]
     if not paragraphs and result.text.strip():
         paragraphs = [clean_text(result.text)]
     return "\n\n".join(paragraphs) + "\n" if paragraphs else ""
@@ -100,15 +143,28 @@ def _as_is(text: str) -> str:
     return text
 
 
-def render_srt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None) -> str:
+def render_srt(
+    cues: Sequence[Cue],
+    *,
+    highlight_words: bool | str | None = None,
+    speaker_format: str = DEFAULT_SPEAKER_FORMAT,
+) -> str:
     """SubRip: numbered blocks, HH:MM:SS,mmm times, a blank line after each block.
 
     highlight_words (any style; see HIGHLIGHT_STYLES): a cue with words becomes one block per word,
     from its start to the next word's start (the last to the cue's end), showing the cue's text with
     that word underlined (<u>...</u>).
+    With speakers (Cue.speaker), a cue where the speaker changes starts with speaker_format
+    ("{speaker}: " gives "Speaker 1: ..."), in each of its blocks.
     """
     underline = _highlight_style(highlight_words) is not None
-    entries = [entry for c in cues for entry in _underlined_entries(c, underline, _as_is)]
+    prefix = _speaker_prefix(speaker_format)
+    changes = _changes([c.speaker for c in cues])
+    entries = [
+        (start, end, (prefix(change) if change is not None else "") + text)
+        for c, change in zip(cues, changes)
+        for start, end, text in _underlined_entries(c, underline, _as_is)
+    ]
     return "".join(
         f"{i}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n\n"
         for i, (start, end, text) in enumerate(entries, 1)
@@ -118,6 +174,14 @@ def render_srt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None
 def _vtt_escape(text: str) -> str:
     # '&' and '<' start character references and tags in cue text.
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _vtt_voice(cue: Cue) -> str:
+    """The opening tag of the cue's voice span (WebVTT <v>), or "" without a speaker."""
+    if cue.speaker is None:
+        return ""
+    # The annotation holds no line break and no '>' (escaped, as '&' and '<').
+    return f"<v {_vtt_escape(' '.join(cue.speaker.split()))}>"
 
 
 def _vtt_karaoke(cue: Cue) -> str:
@@ -140,12 +204,17 @@ def render_vtt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None
     (render_srt), with that word in <u>...</u>. "karaoke": in a cue with words, a timestamp tag
     (<HH:MM:SS.mmm>) before each word after the first says when it is spoken, for players that colour
     the words already said.
+    With speakers (Cue.speaker), every cue of a speaker is a voice span, `<v Speaker 1>...`.
     """
     style = _highlight_style(highlight_words)
     if style == "karaoke":
-        entries = [(c.start, c.end, _vtt_karaoke(c)) for c in cues]
+        entries = [(c.start, c.end, _vtt_voice(c) + _vtt_karaoke(c)) for c in cues]
     else:
-        entries = [entry for c in cues for entry in _underlined_entries(c, style is not None, _vtt_escape)]
+        entries = [
+            (start, end, _vtt_voice(c) + text)
+            for c in cues
+            for start, end, text in _underlined_entries(c, style is not None, _vtt_escape)
+        ]
     blocks = [
         f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n{text}\n"
         for start, end, text in entries
@@ -187,19 +256,33 @@ def segment_json(segment: Any, *, round_times: Callable[[Any], float | None] | N
     its words' in whole milliseconds rounded half up as subtitle times are. A function (the server's
     verbose_json rounds with Python's round() to 3 places): every time, the segment's and its words',
     goes through it.
+    With speaker diarization, a segment or word with a speaker also has "speaker" (its label) and
+    "overlap" (another speaker talks at the same time); without, neither key is written.
     """
     d = _as_dict(segment)
     out = {k: d[k] for k in ("start", "end", "text", "language", "truncated", "repetitive")}
+    diarized = d.get("speaker") is not None
     word_time = _ms if round_times is None else round_times
     if round_times is not None:
         out["start"], out["end"] = round_times(out["start"]), round_times(out["end"])
     out["timing"] = d.get("timing", "estimated")
     out["avg_logprob"] = _figure(d.get("avg_logprob", 0.0))
     out["no_speech_prob"] = _figure(d.get("no_speech_prob", 0.0))
+    if diarized:
+        out["speaker"] = d["speaker"]
+        out["overlap"] = bool(d.get("overlap", False))
     out["words"] = [
-        {"text": w["text"], "start": word_time(w["start"]), "end": word_time(w["end"])}
+        _word_json(w, word_time)
         for w in (_as_dict(w) if not isinstance(w, Mapping) else w for w in d.get("words") or [])
     ]
+    return out
+
+
+def _word_json(w: Mapping[str, Any], word_time: Callable[[Any], float | None]) -> dict[str, Any]:
+    out = {"text": w["text"], "start": word_time(w["start"]), "end": word_time(w["end"])}
+    if w.get("speaker") is not None:
+        out["speaker"] = w["speaker"]
+        out["overlap"] = bool(w.get("overlap", False))
     return out
 
 
@@ -211,7 +294,9 @@ def render_json(
     options: Mapping[str, Any] | None = None,
 ) -> str:
     """Everything in one document: text, language, segments with their flags, timing ("aligned" or
-    "estimated") and words (text, start, end), cues, model and options."""
+    "estimated") and words (text, start, end), cues, model and options. With speaker diarization:
+    "speakers" (the labels in order of first appearance), and "speaker" and "overlap" on segments,
+    words and cues (cues: "speaker" only)."""
     doc = {
         "text": result.text,
         "language": result.language,
@@ -226,6 +311,7 @@ def render_json(
         # transcribed; null when it was off.
         "speech": None if result.speech is None else [list(r) for r in result.speech],
         "segments": [segment_json(s) for s in result.segments],
+        **({"speakers": list(result.speakers)} if getattr(result, "speakers", None) else {}),
         "cues": [c.to_dict() for c in cues],
         "model": model,
         "options": dict(options or {}),
@@ -233,6 +319,19 @@ def render_json(
         "source": None if result.source is None else _displayable(result.source),
     }
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+
+
+def rttm_file_id(result: Transcription) -> str:
+    """The file id of a transcription's RTTM lines: its source's name without the extension."""
+    source = getattr(result, "source", None)
+    name = "" if not source or source == "-" else _displayable(PurePath(source).stem)
+    return name or "audio"
+
+
+def render_rttm(result: Transcription, file_id: str | None = None) -> str:
+    """RTTM: one SPEAKER line per segment with a speaker (see diarize.rttm_lines); file_id defaults to
+    rttm_file_id(result). Empty without speakers."""
+    return rttm_lines(rttm_file_id(result) if file_id is None else file_id, result)
 
 
 def render(
@@ -243,15 +342,20 @@ def render(
     model: str | None = None,
     options: Mapping[str, Any] | None = None,
     highlight_words: bool | str | None = None,
+    speaker_format: str = DEFAULT_SPEAKER_FORMAT,
 ) -> str:
-    """The document for one of FORMATS; highlight_words (a style of HIGHLIGHT_STYLES, True for
-    "underline") marks the spoken word in SRT and WebVTT cues."""
+    """The document for one of FORMATS or SPEAKER_FORMATS; highlight_words (a style of HIGHLIGHT_STYLES,
+    True for "underline") marks the spoken word in SRT and WebVTT cues; speaker_format is how TXT and
+    SRT name the speaker where it changes."""
     if fmt == "txt":
-        return render_txt(result)
+        return render_txt(result, speaker_format=speaker_format)
     if fmt == "srt":
-        return render_srt(cues, highlight_words=highlight_words)
+        return render_srt(cues, highlight_words=highlight_words, speaker_format=speaker_format)
     if fmt == "vtt":
         return render_vtt(cues, highlight_words=highlight_words)
     if fmt == "json":
         return render_json(result, cues, model=model, options=options)
-    raise ValueError(f"unknown output format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if fmt == "rttm":
+        return render_rttm(result)
+    known = ", ".join((*FORMATS, *SPEAKER_FORMATS))
+    raise ValueError(f"unknown output format {fmt!r}: use one of {known}")
