@@ -33,6 +33,7 @@ from mlx_qwen3asr.cli.diarizing import (
     add_diarization,
     check_diarization,
     load_diarizer,
+    turn_warnings,
 )
 from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
 from mlx_qwen3asr.cli.models import load_reason
@@ -44,6 +45,7 @@ from mlx_qwen3asr.cli.options import (
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    RTTM,
     add_dtype,
     add_formats,
     chosen_formats,
@@ -134,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
             "srt": "SubRip subtitles",
             "vtt": "WebVTT subtitles",
             "json": "text, segments with word times, cues, aligner and options",
+            "rttm": "who spoke when, in RTTM (turns on --diarize)",
         },
     )
     out.add_argument(
@@ -353,10 +356,15 @@ def _align(args: argparse.Namespace, say: Say, diarization: Diarization | None =
                 if outcome.error is not None:
                     raise outcome.error
                 result = diarization.assign(result, outcome.turns)
+                result.warnings.extend(turn_warnings(outcome.turns))
             except Exception as e:
                 raise AlignError(f"{args.audio}: {diarize_failure(e)}", EXIT_FAILED) from None
         options = TranscribeOptions(
-            language=language, max_segment_seconds=PIECE_SECONDS, word_timestamps=True, aligner=source
+            language=language,
+            max_segment_seconds=PIECE_SECONDS,
+            word_timestamps=True,
+            aligner=source,
+            speaker_format=None if diarization is None else diarization.speaker_format,
         )
         try:
             written = write_outputs(job, result, signal, options, model_name=source, overwrite=args.overwrite)
@@ -386,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # usage errors and --help
         return exit_status(e)
     say = Say(PROG, args.quiet)
+    if RTTM in chosen_formats(args, None):  # speaker turns are what diarization gives
+        args.diarize = True
     try:
         diarization = check_diarization(parser, args)
     except SystemExit as e:

@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
             "srt": "SubRip subtitles",
             "vtt": "WebVTT subtitles",
             "json": "text, language, segments with flags, cues, model and options",
+            "rttm": "who spoke when, in RTTM as diarization tools write it (turns on --diarize)",
         },
     )
     out.add_argument(

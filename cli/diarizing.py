@@ -40,7 +40,7 @@ __all__ = [
 
 DIARIZER_ENV = "MLXASR_DIARIZER"
 # What installs the library, for the one line said when it is missing.
-INSTALL = 'pip install "mlx-qwen3asr[diarize]"'
+INSTALL = 'pip install "mlx-qwen3asr[diarize]"'  # as mlx_qwen3asr.diarize.INSTALL_COMMAND
 SPEAKERS_RANGE = (1, 100)
 # Transcribed files waiting for their speakers hold at most this many samples of decoded audio in memory
 # (40 minutes, as many as the inputs read ahead may hold); past it the run waits for the diarizer.
@@ -232,16 +232,21 @@ def load_diarizer(diarization: Diarization, flag: str | None, say: Messages) -> 
     lib = diarization.lib
     try:
         return lib.load_diarizer(source)
-    except lib.DiarizerUnavailable as e:
+    except getattr(lib, "DiarizerError", lib.DiarizerUnavailable) as e:  # its own one line says it all
         say.error(one_line(str(e)))
     except Exception as e:
         say.error(f"diarizer {shown}: {load_reason(source or '', e, '--diarizer')}")
     return None
 
 
-def diarize_samples(diarizer: Any, samples: np.ndarray, options: Any) -> list[Any]:
-    """The speaker turns of 16 kHz float32 samples."""
-    return list(diarizer(np.ascontiguousarray(samples, dtype=np.float32), options))
+def diarize_samples(diarizer: Any, samples: np.ndarray, options: Any) -> Any:
+    """The speaker turns of 16 kHz float32 samples (the library's Turns: a list, with its `warnings`)."""
+    return diarizer(np.ascontiguousarray(samples, dtype=np.float32), options)
+
+
+def turn_warnings(turns: Any) -> list[str]:
+    """What the diarizer said about a file's turns (e.g. a speaker count it could not reach)."""
+    return [str(w) for w in getattr(turns, "warnings", None) or []]
 
 
 def read_samples(audio: Any) -> np.ndarray:
@@ -347,10 +352,16 @@ class DiarizeQueue:
             return bool(self._pending) or self._running is not None
 
     def close(self, wait: bool = False, timeout: float | None = None) -> None:
+        """Drop what has not started; a file being diarized is cancelled where the diarizer can be
+        (the library stops at its next stage), and waited for only with wait."""
         with self._cond:
             self._closed = True
             self._pending.clear()
+            running = self._running is not None
             self._cond.notify_all()
+        cancel = getattr(self._diarizer, "cancel", None)
+        if running and callable(cancel):
+            cancel()
         if wait:
             self._thread.join(timeout)
 
@@ -455,4 +466,5 @@ class SpeakerPairs:
 def failure(e: BaseException) -> str:
     """Why a file's diarization failed, on one line."""
     reason = getattr(e, "reason", None)  # an AudioError says why the audio could not be read
-    return f"speaker diarization failed: {one_line(str(reason or e)) or type(e).__name__}"
+    text = one_line(str(reason or e)) or type(e).__name__
+    return f"speaker diarization failed: {text.removeprefix('diarization failed: ')}"

@@ -24,6 +24,7 @@ from mlx_qwen3asr.cli.diarizing import (
     check_diarization,
     diarizer_source,
     load_diarizer,
+    turn_warnings,
 )
 from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
 from mlx_qwen3asr.cli.models import load_aligner, load_model
@@ -139,6 +140,7 @@ def _run(
         word_timestamps=args.word_timestamps,
         highlight_words=highlight,
         vad=vad_options(args),
+        speaker_format=None if diarization is None else diarization.speaker_format,
     )
 
     transcript = out
@@ -408,6 +410,8 @@ def _finish_one(
             res.transcription = diarization.assign(res.transcription, outcome.turns)
         except Exception as e:
             return diarize_failure(e)
+        # What the diarizer noticed (a speaker count it could not reach) is the file's warning too.
+        res.transcription.warnings.extend(turn_warnings(outcome.turns))
     problem = output_problem(job)  # what took an output's name while the file was transcribed
     if problem is not None:
         return problem

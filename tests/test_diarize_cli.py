@@ -7,66 +7,42 @@ no model is downloaded."""
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
+import srt
+import webvtt
 from reference import test_signal
 from scripted import script_batches, through_cli
 
 import mlx_qwen3asr.cli.diarizing as diarizing
 import mlx_qwen3asr.cli.reporter as reporter_module
 import mlx_qwen3asr.cli.run as cli_run
+import mlx_qwen3asr.diarize as library
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.cli.reporter import Reporter
+from mlx_qwen3asr.diarize import DiarizerUnavailable, Turn
 
 SAID = "So the first thing I want to talk about today, is the budget for next year."
 
 
-# --- the stand-in library -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Turn:
-    start: float
-    end: float
-    speaker: int
-
-
-@dataclass(frozen=True)
-class DiarizeOptions:
-    num_speakers: int | None = None
-    min_speakers: int | None = None
-    max_speakers: int | None = None
-
-    def __post_init__(self):
-        if self.num_speakers is not None and self.num_speakers > 8:
-            raise ValueError(f"num_speakers must be at most 8, got {self.num_speakers}")
-
-
-class DiarizerUnavailable(Exception):
-    pass
-
-
-def assign_speakers(transcription, turns, names=None):
-    """Each segment's speaker: the turn it overlaps most (enough to see the turns reach the outputs)."""
-    for seg in transcription.segments:
-        best = max(turns, key=lambda t: min(t.end, seg.end) - max(t.start, seg.start), default=None)
-        seg.speaker = None if best is None else best.speaker
-    transcription.speakers = sorted({t.speaker for t in turns})
-    transcription.speaker_names = names
-    return transcription
+# --- the library, with a stand-in diarizer --------------------------------------------------------
 
 
 class StandIn:
-    """The diarization library's API with a diarizer that says `turns(samples)`; calls records each
-    call's (seconds of audio, start, end) and options the options it was given."""
+    """The diarization library (mlx_qwen3asr.diarize) whose load_diarizer gives a stand-in diarizer that
+    says `turns(seconds of audio)` (default: speaker 0 for the first half, 1 for the rest) after `sleep`
+    seconds; calls records each call's (seconds of audio, start, end), options the options it was given
+    and loaded the folders it was loaded from."""
 
     def __init__(self, turns=None, *, sleep: float = 0.0, fail_on: float | None = None):
         self.turns = turns or (lambda seconds: [Turn(0.0, seconds / 2, 0), Turn(seconds / 2, seconds, 1)])
@@ -75,8 +51,9 @@ class StandIn:
         self.options: list = []
         self.loaded: list = []
         self.lock = threading.Lock()
-        self.Turn, self.DiarizeOptions, self.DiarizerUnavailable = Turn, DiarizeOptions, DiarizerUnavailable
-        self.assign_speakers = assign_speakers
+
+    def __getattr__(self, name):  # everything else is the library's own
+        return getattr(library, name)
 
     def load_diarizer(self, path=None):
         self.loaded.append(path)
@@ -132,6 +109,151 @@ def write(folder: Path, name: str, seconds: float, seed: int = 0) -> Path:
     return path
 
 
+@pytest.fixture
+def paced(monkeypatch):
+    """The aligner times words at a speaking pace: each word 0.32 s after the previous, 0.25 s long,
+    with a 0.9 s pause after every seventh word (random weights put them anywhere)."""
+    from mlx_qwen3asr.pipeline.alignment import align_segments
+
+    def classes(aligner, prompts, features, keep_logits=False):
+        out = []
+        for prompt in prompts:
+            ms, stamps = 0.0, []
+            for i in range(len(prompt.timestamps) // 2):
+                stamps += [int(ms / 80), int((ms + 250) / 80)]
+                ms += 320 + (900 if i % 7 == 6 else 0)
+            out.append(np.array(stamps))
+        return out
+
+    through_cli(monkeypatch, align=functools.partial(align_segments, classes=classes))
+
+
+def read_rttm(path: Path) -> list[tuple[str, float, float, str]]:
+    """An RTTM file's SPEAKER lines as (file id, start, end, speaker), checking every field."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        fields = line.split()
+        assert len(fields) == 10, line
+        kind, file_id, channel, start, duration, ortho, stype, speaker, conf, lookahead = fields
+        assert (kind, channel, ortho, stype, conf, lookahead) == (
+            "SPEAKER",
+            "1",
+            "<NA>",
+            "<NA>",
+            "<NA>",
+            "<NA>",
+        )
+        assert float(duration) >= 0
+        rows.append((file_id, float(start), float(start) + float(duration), speaker))
+    return rows
+
+
+# --- every output names the speakers ------------------------------------------------------------------
+
+
+def test_every_output_names_the_speakers(tmp_path, model, monkeypatch, paced, capsys):
+    """Two speakers, the second from 2.5 s: the words before it are Ana's (the first, named), after it
+    Speaker 2's; the segment is cut there, and each format says who speaks, parsed by its own reader."""
+    lib = StandIn(lambda seconds: [Turn(0.0, 2.5, 0), Turn(2.5, seconds, 1)])
+    monkeypatch.setattr(diarizing, "library", lambda: lib)
+    scripted(monkeypatch, model)
+    talk = write(tmp_path, "talk.wav", 8.0)
+    assert (
+        main(["--no-vad", str(talk), "--model", model, "--diarize", "-f", "all", "--speaker-names", "Ana"])
+        == 0
+    )
+    capsys.readouterr()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["talk.json", "talk.rttm", "talk.srt", "talk.txt", "talk.vtt", "talk.wav"]
+
+    doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
+    assert doc["speakers"] == ["Ana", "Speaker 2"]
+    words = SAID.split()
+    first, second = " ".join(words[:7]), " ".join(words[7:])  # the 8th word is 3.14 s in, after the pause
+    assert [(s["speaker"], s["text"]) for s in doc["segments"]] == [("Ana", first), ("Speaker 2", second)]
+    for seg in doc["segments"]:
+        assert {w["speaker"] for w in seg["words"]} == {seg["speaker"]}
+        assert all((w["start"] < 2.5) == (seg["speaker"] == "Ana") for w in seg["words"])
+    assert doc["segments"][0]["end"] <= doc["segments"][1]["start"]
+
+    subs = list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
+    prefixed = [
+        (k, s.content.split(":")[0])
+        for k, s in enumerate(subs)
+        if s.content.startswith(("Ana:", "Speaker 2:"))
+    ]
+    change = next(k for k, s in enumerate(subs) if s.start.total_seconds() >= 2.5)
+    assert prefixed == [(0, "Ana"), (change, "Speaker 2")]  # the name at each change, and only there
+    spoken = " ".join(" ".join(s.content.split()) for s in subs)
+    assert spoken == f"Ana: {first} Speaker 2: {second}"
+
+    vtt = webvtt.read(str(tmp_path / "talk.vtt"))
+    assert [c.voice for c in vtt] == ["Ana"] * change + ["Speaker 2"] * (len(vtt) - change)
+    assert " ".join(" ".join(c.text.split()) for c in vtt) == SAID
+
+    txt = (tmp_path / "talk.txt").read_text(encoding="utf-8")
+    assert txt.split("\n\n") == [f"Ana: {first}", f"Speaker 2: {second}\n"]
+
+    rttm = read_rttm(tmp_path / "talk.rttm")
+    assert [(f, speaker) for f, _, _, speaker in rttm] == [("talk", "Ana"), ("talk", "Speaker_2")]
+    for (_, start, end, _), seg in zip(rttm, doc["segments"]):
+        assert start == pytest.approx(seg["start"], abs=1e-3) and end == pytest.approx(seg["end"], abs=1e-3)
+
+    # The prefix is --speaker-format's, and recorded with the options.
+    assert (
+        main(
+            [
+                "--no-vad",
+                str(talk),
+                "--model",
+                model,
+                "--diarize",
+                "--srt",
+                "--txt",
+                "--json",
+                "--overwrite",
+                "--speaker-format",
+                "[{speaker}] ",
+            ]
+        )
+        == 0
+    )
+    txt = (tmp_path / "talk.txt").read_text(encoding="utf-8")
+    assert txt.split("\n\n") == [f"[Speaker 1] {first}", f"[Speaker 2] {second}\n"]
+    assert (
+        srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8"))
+        .__next__()
+        .content.startswith("[Speaker 1] ")
+    )
+    doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
+    assert doc["options"]["speaker_format"] == "[{speaker}] "
+
+
+def test_rttm_alone_diarizes_and_keeps_the_naming_and_no_clobber_rules(
+    tmp_path, model, standin, monkeypatch, capsys
+):
+    scripted(monkeypatch, model)
+    folder = tmp_path / "rec"
+    write(folder, "a.wav", 4.0, seed=1)
+    write(folder, "a.flac", 3.0, seed=2)  # named like a.wav: both keep their extension
+    out = tmp_path / "out"
+    assert (
+        main(["--no-vad", str(folder), "--model", model, "--rttm", "-o", str(out)]) == 0
+    )  # --rttm is --diarize
+    assert sorted(p.name for p in (out / "rec").iterdir()) == ["a.flac.rttm", "a.wav.rttm"]
+    rows = read_rttm(out / "rec" / "a.wav.rttm")
+    assert rows and {r[0] for r in rows} == {"a"} and {r[3] for r in rows} <= {"Speaker_1", "Speaker_2"}
+    before = (out / "rec" / "a.wav.rttm").read_bytes()
+    (out / "rec" / "a.wav.rttm").write_text("kept by hand\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["--no-vad", str(folder), "--model", model, "-f", "rttm,txt", "-o", str(out)]) == 0
+    assert (out / "rec" / "a.wav.rttm").read_text(encoding="utf-8") == "kept by hand\n"
+    assert "kept existing " + str(out / "rec" / "a.wav.rttm") in capsys.readouterr().out
+    assert main(["--no-vad", str(folder), "--model", model, "--rttm", "-o", str(out), "--overwrite"]) == 0
+    assert (out / "rec" / "a.wav.rttm").read_bytes() == before
+    assert not [p for p in (out / "rec").iterdir() if p.name.startswith(".")]
+
+
 # --- the options ----------------------------------------------------------------------------------
 
 
@@ -152,10 +274,6 @@ def write(folder: Path, name: str, seconds: float, seed: int = 0) -> Path:
         (["--diarize", "--speaker-names", "<b>"], "subtitles cannot show as a name"),
         (["--diarize", "--speaker-format", "[{name}] "], "does not hold {speaker}"),
         (["--diarize", "--speaker-format", "{speaker} {0}"], "is no template"),
-        (
-            ["--diarize", "--num-speakers", "9"],
-            "num_speakers must be at most 8, got 9",
-        ),  # the library's own check
     ],
 )
 def test_speaker_options_are_checked_before_anything_loads(
@@ -434,3 +552,35 @@ def test_align_diarize_without_the_library_loads_nothing(tmp_path, monkeypatch, 
     assert main(["align", str(audio), "--text", str(tmp_path / "talk.txt"), "--num-speakers", "2"]) == 2
     assert "has no effect without --diarize" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["talk.txt", "talk.wav"]
+
+
+# --- end to end, on the real library ------------------------------------------------------------------
+
+
+def test_end_to_end_with_the_library_on_random_diarizer_weights(tmp_path, model, monkeypatch, paced, capsys):
+    """mlxasr --diarize with speakrs itself on the random-weight model files of
+    `tools/make_checkpoint.py --preset diarizer`: every segment and word gets one of the file's speakers,
+    and the RTTM, JSON and subtitles agree."""
+    pytest.importorskip("speakrs")
+    from tools.make_checkpoint import write_diarizer
+
+    models = write_diarizer(tmp_path / "diarizer")
+    scripted(monkeypatch, model)
+    talk = write(tmp_path, "talk.wav", 10.0, seed=5)
+    monkeypatch.setenv(diarizing.DIARIZER_ENV, str(models))
+    args = ["--no-vad", str(talk), "--model", model, "--diarize", "--json", "--vtt", "--rttm"]
+    assert main([*args, "--max-speakers", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"speakers told apart by {models}" in out
+    doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
+    speakers = doc["speakers"]
+    assert 1 <= len(speakers) and speakers == [f"Speaker {k + 1}" for k in range(len(speakers))]
+    assert " ".join(s["text"] for s in doc["segments"]) == SAID
+    assert all(s["speaker"] in speakers for s in doc["segments"])
+    assert all(w["speaker"] == s["speaker"] for s in doc["segments"] for w in s["words"])
+    order = list(dict.fromkeys(s["speaker"] for s in doc["segments"]))
+    assert order == speakers  # numbered in order of first appearance
+    rows = read_rttm(tmp_path / "talk.rttm")
+    assert [r[3] for r in rows] == [s["speaker"].replace(" ", "_") for s in doc["segments"]]
+    voices = [c.voice for c in webvtt.read(str(tmp_path / "talk.vtt"))]
+    assert set(voices) <= set(speakers) and voices[0] == speakers[0]

@@ -69,5 +69,9 @@ class Speakers:
         return self.lib.assign_speakers(result, turns)
 
     def close(self) -> None:
-        """Drop what waits; the file being diarized is not waited for."""
+        """Drop what waits; the file being diarized is cancelled where the diarizer can be, and not
+        waited for."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        cancel = getattr(self.diarizer, "cancel", None)
+        if callable(cancel) and self.queued_seconds() > 0:
+            cancel()
