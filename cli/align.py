@@ -26,7 +26,6 @@ from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
 from mlx_qwen3asr.checkpoints.loading import load, require_kind
 from mlx_qwen3asr.cli.diarizing import (
-    INSTALL,
     Diarization,
     DiarizeQueue,
     Unavailable,
@@ -164,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kana, Korean with Hangul, Chinese with Han characters, else English); it decides how words are "
         "cut (Japanese and Korean differ) and must be one the aligner knows",
     )
-    add_diarization(p.add_argument_group(f"speakers (--diarize; needs {INSTALL})"))
+    add_diarization(p.add_argument_group("speakers (who said what)"))
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
 

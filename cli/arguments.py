@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from mlx_qwen3asr import __version__
-from mlx_qwen3asr.cli.diarizing import INSTALL, add_diarization
+from mlx_qwen3asr.cli.diarizing import add_diarization
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -64,6 +64,7 @@ examples:
   mlxasr ./recordings --srt
   mlxasr talk.m4a interview.wav -f srt,vtt,json -o subtitles/
   mlxasr ./lectures --txt --language en --context-file names.txt
+  mlxasr meeting.m4a --diarize --srt --rttm --speaker-names "Ana,Bo"
 
 existing outputs:
   An existing output file is never replaced unless --overwrite is given. A file whose requested
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model(model)
     add_word_timing(model)
 
-    add_diarization(p.add_argument_group(f"speakers (--diarize; needs {INSTALL})"))
+    add_diarization(p.add_argument_group("speakers (who said what)"))
 
     rec = p.add_argument_group("recognition")
     rec.add_argument(
