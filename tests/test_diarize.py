@@ -370,6 +370,7 @@ def test_offline_the_default_uses_the_library_cache(tmp_path, monkeypatch, diari
 
 def test_without_the_library_the_message_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "speakrs", None)  # import speakrs raises ImportError
+    monkeypatch.setattr(sys, "version_info", (3, 12, 4, "final", 0))
     with pytest.raises(DiarizerUnavailable) as e:
         load_diarizer("anywhere")
     assert str(e.value) == 'speaker diarization needs speakrs: pip install "mlx-qwen3asr[diarize]"'
