@@ -12,9 +12,11 @@ import io
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -316,6 +318,28 @@ def test_without_the_library_one_line_names_the_install_command_and_nothing_load
     assert [line for line in err.splitlines() if line.startswith("error")] == [
         f"error: diarization needs a package that is not installed: {diarizing.INSTALL}"
     ]
+    assert sorted(os.listdir(tmp_path)) == ["talk.wav"]
+
+
+class _Python310(tuple):
+    major, minor = 3, 10
+
+
+@pytest.mark.parametrize("python", ["3.11+", "3.10"])
+def test_without_speakrs_the_real_library_says_so_in_one_line_before_any_model_loads(
+    tmp_path, model, monkeypatch, capsys, python
+):
+    """The real library with its dependency missing (the import of speakrs fails), on this Python and
+    as on Python 3.10, which speakrs does not support: one line naming the install command, status 2."""
+    monkeypatch.setitem(sys.modules, "speakrs", None)  # `import speakrs` raises ImportError
+    if python == "3.10":
+        monkeypatch.setattr(library, "sys", SimpleNamespace(version_info=_Python310((3, 10, 14))))
+    monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    talk = write(tmp_path, "talk.wav", 1.0)
+    assert main([str(talk), "--model", model, "--diarize", "--srt"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].endswith(diarizing.INSTALL)
+    assert ("Python 3.11 or newer" in errors[0]) == (python == "3.10")
     assert sorted(os.listdir(tmp_path)) == ["talk.wav"]
 
 
