@@ -321,8 +321,16 @@ def test_without_the_library_one_line_names_the_install_command_and_nothing_load
     assert sorted(os.listdir(tmp_path)) == ["talk.wav"]
 
 
-class _Python310(tuple):
-    major, minor = 3, 10
+class _Version(tuple):
+    """sys.version_info as the library reads it: compared as a tuple, with major and minor."""
+
+    @property
+    def major(self):
+        return self[0]
+
+    @property
+    def minor(self):
+        return self[1]
 
 
 @pytest.mark.parametrize("python", ["3.11+", "3.10"])
@@ -332,8 +340,8 @@ def test_without_speakrs_the_real_library_says_so_in_one_line_before_any_model_l
     """The real library with its dependency missing (the import of speakrs fails), on this Python and
     as on Python 3.10, which speakrs does not support: one line naming the install command, status 2."""
     monkeypatch.setitem(sys.modules, "speakrs", None)  # `import speakrs` raises ImportError
-    if python == "3.10":
-        monkeypatch.setattr(library, "sys", SimpleNamespace(version_info=_Python310((3, 10, 14))))
+    version = (3, 10, 14) if python == "3.10" else (3, 12, 0)  # whatever Python runs the tests
+    monkeypatch.setattr(library, "sys", SimpleNamespace(version_info=_Version(version)))
     monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
     talk = write(tmp_path, "talk.wav", 1.0)
     assert main([str(talk), "--model", model, "--diarize", "--srt"]) == 2
