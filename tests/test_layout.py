@@ -2,12 +2,13 @@
 
 The flow is file -> samples -> pieces -> features -> encoder -> decoder -> text -> words -> cues -> files:
 
-    runtime       where it runs: the GPU or CPU code path, the CPU process setup
+    runtime       settings and default dtype, the CPU process setup, crash-safe files
     audio         reading files, features, speech detection, cutting
     text          languages, prompts and output parsing, aligner items
-    model         configuration, MLX modules, CPU kernels, greedy decoding
+    model         configuration, MLX modules, greedy decoding
     checkpoints   hub, tokenizer, layouts, loading, conversion
     pipeline      inputs, scheduler, word timing, engine, transcribe()
+    diarize       speaker turns (speakrs) and who spoke each word and segment
     outputs       cues, rendering, crash-safe files, folder runs
     serve         the HTTP server
     (package)     mlx_qwen3asr/__init__.py, the public API
@@ -25,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlx_qwen3asr"
-LAYERS = ["runtime", "audio", "text", "model", "checkpoints", "pipeline", "outputs", "serve", "", "cli"]
+LAYERS = ["runtime", "audio", "text", "model", "checkpoints", "pipeline", "diarize", "outputs", "serve", "", "cli"]
 
 
 def _module_files() -> dict[str, Path]:
