@@ -26,7 +26,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlx_qwen3asr"
-LAYERS = ["runtime", "audio", "text", "model", "checkpoints", "pipeline", "diarize", "outputs", "serve", "", "cli"]
+LAYERS = [
+    "runtime",
+    "audio",
+    "text",
+    "model",
+    "checkpoints",
+    "pipeline",
+    "diarize",
+    "outputs",
+    "serve",
+    "",
+    "cli",
+]
 
 
 def _module_files() -> dict[str, Path]:
