@@ -2,6 +2,7 @@
 
     python tools/diarize_bench.py                          # 2 minutes of speech, the random preset
     python tools/diarize_bench.py --model models/diarizer --minutes 10 --json bench.json
+    python tools/diarize_bench.py --folder 8 --asr checkpoints/random-0.6b   # its share of a folder run
 
 The sound: espeak-ng sentences, two voices taking turns with pauses of 0.3 to 1.5 s (a noise burst
 instead of speech where espeak-ng is missing). The diarizer runs once to warm up on 15 s, then on the
@@ -25,6 +26,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -90,6 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--minutes", type=float, default=2.0, help="length of the sound (default 2)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs (default 3; the median is reported)")
+    ap.add_argument(
+        "--folder",
+        type=int,
+        default=0,
+        help="also time `mlxasr FOLDER --txt` on this many files of --folder-seconds each, with and "
+        "without --diarize: diarization's share of a folder run (0: skip)",
+    )
+    ap.add_argument("--folder-seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--asr", default=None, help="the ASR checkpoint of --folder (default: the random 0.6b preset)"
+    )
     ap.add_argument("--json", default=None, help="write the figures to this file too")
     args = ap.parse_args(argv)
 
@@ -144,9 +157,62 @@ def main(argv: list[str] | None = None) -> int:
         f"assign_speakers on an hour's transcript (10,000 words, {len(hour_turns)} turns): "
         f"{merge_seconds:.3f} s, {len(assigned.segments)} segments"
     )
+    if args.folder:
+        figures["folder"] = folder_run(args)
+        f = figures["folder"]
+        print(
+            f"mlxasr on {args.folder} files x {args.folder_seconds:g} s: {f['without_s']:.1f} s without "
+            f"--diarize, {f['with_s']:.1f} s with it (diarization alone {f['diarize_alone_s']:.1f} s); "
+            f"diarization adds {f['added_share']:.0%} to the run, {f['overlap_share']:.0%} of its own time hidden"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+def folder_run(args: argparse.Namespace) -> dict:
+    """`mlxasr FOLDER --txt` with and without --diarize (the same files, fresh outputs each time), and
+    the diarizer alone on the same files: how much of its time the run hides behind transcription."""
+    import soundfile as sf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        asr = args.asr
+        if asr is None:
+            from make_checkpoint import write_checkpoint
+
+            asr = str(write_checkpoint(tmp / "asr", "0.6b", seed=0))
+        diarizer_dir = args.model or str(write_diarizer(tmp / "diarizer"))
+        inputs = tmp / "in"
+        inputs.mkdir()
+        audio, _ = sound(args.folder * args.folder_seconds / 60, seed=1)
+        step = int(args.folder_seconds * RATE)
+        for k in range(args.folder):
+            sf.write(inputs / f"talk-{k:02d}.wav", audio[k * step : (k + 1) * step], RATE)
+        diarizer = load_diarizer(diarizer_dir)
+        t0 = time.perf_counter()
+        for k in range(args.folder):
+            diarizer(audio[k * step : (k + 1) * step])
+        alone = time.perf_counter() - t0
+
+        def run(name: str, extra: list[str]) -> float:
+            cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", str(inputs), "--txt", "-q"]
+            cmd += ["-o", str(tmp / name), "--model", asr, "--no-word-timestamps", *extra]
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, timeout=7200)
+            return time.perf_counter() - t0
+
+        without = run("plain", [])
+        with_it = run("speakers", ["--diarize", "--diarizer", diarizer_dir])
+    return {
+        "files": args.folder,
+        "seconds_each": args.folder_seconds,
+        "without_s": round(without, 2),
+        "with_s": round(with_it, 2),
+        "diarize_alone_s": round(alone, 2),
+        "added_share": round((with_it - without) / with_it, 3),
+        "overlap_share": round(max(0.0, without + alone - with_it) / alone, 3),
+    }
 
 
 if __name__ == "__main__":
