@@ -192,13 +192,15 @@ def test_wav_stream_of_another_rate_and_layout_is_resampled_and_mixed(tmp_path, 
     assert doc["segments"] and doc["segments"][-1]["end"] == pytest.approx(3.0, abs=1e-3)
 
 
-def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt):
+def stopped_after_a_commit(tmp_path, ckpt, formats: list[str], signum: int) -> tuple[int, str]:
+    """`mlxasr live -` fed 6 s of audio on a stream that stays open, sent `signum` once a segment is
+    committed: its status and standard error."""
     audio = write_wav(tmp_path / "talk.wav", 6.0, 5)
     log = tmp_path / "stdout.log"
     cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, *STREAM]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [*cmd, "--srt", "--json", "--name", "cut"],
+            [*cmd, *formats, "--name", "cut"],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.PIPE,
@@ -213,7 +215,7 @@ def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt
                 assert proc.poll() is None, proc.stderr.read().decode()
                 assert time.monotonic() < deadline, "no segment was committed"
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             status = proc.wait(timeout=120)
             err = proc.stderr.read().decode()
         finally:
@@ -221,6 +223,12 @@ def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt
                 proc.kill()
             proc.stdin.close()
             proc.stderr.close()
+    return status, err
+
+
+def test_ctrl_c_finishes_the_last_words_and_writes_complete_files(tmp_path, ckpt):
+    status, err = stopped_after_a_commit(tmp_path, ckpt, ["--srt", "--json"], signal.SIGINT)
+    log = tmp_path / "stdout.log"
     assert status == 130, err
     assert "interrupted" in err
     doc = json.loads((tmp_path / "cut.json").read_text(encoding="utf-8"))
@@ -612,34 +620,7 @@ def test_a_full_disk_while_writing_names_the_output_in_one_line(tmp_path, ckpt, 
 
 
 def test_sigterm_is_a_stop_with_status_143_not_an_error(tmp_path, ckpt):
-    audio = write_wav(tmp_path / "talk.wav", 6.0, 5)
-    log = tmp_path / "stdout.log"
-    cmd = [sys.executable, "-m", "mlx_qwen3asr.cli.main", "live", "-", "--model", ckpt, *STREAM]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [*cmd, "--json", "--name", "cut"],
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=subprocess.PIPE,
-            cwd=tmp_path,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        try:
-            proc.stdin.write(raw_pcm(audio))  # and the stream stays open
-            proc.stdin.flush()
-            deadline = time.monotonic() + 120
-            while not log.read_text(encoding="utf-8").startswith("["):
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < deadline, "no segment was committed"
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            status = proc.wait(timeout=120)
-            err = proc.stderr.read().decode()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.stdin.close()
-            proc.stderr.close()
+    status, err = stopped_after_a_commit(tmp_path, ckpt, ["--json"], signal.SIGTERM)
     assert status == 143, err
     assert "mlxasr live: terminated; the outputs hold everything transcribed" in err.splitlines()
     assert "error" not in err
