@@ -21,6 +21,7 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.files import read_audio
 from mlx_qwen3asr.cli.models import Messages, load_reason
 from mlx_qwen3asr.cli.options import int_in, span
+from mlx_qwen3asr.outputs.render import check_speaker_format
 from mlx_qwen3asr.pipeline.inputs import samples_in_memory
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -107,27 +108,15 @@ def add_diarization(
         "download)",
     )
     if counts:
-        g.add_argument(
-            "--num-speakers",
-            type=int_in(SPEAKERS_RANGE),
-            default=None,
-            metavar="N",
-            help=f"the number of speakers, when known ({span(SPEAKERS_RANGE)}; default: estimated)",
-        )
-        g.add_argument(
-            "--min-speakers",
-            type=int_in(SPEAKERS_RANGE),
-            default=None,
-            metavar="N",
-            help="at least this many speakers (default: no bound)",
-        )
-        g.add_argument(
-            "--max-speakers",
-            type=int_in(SPEAKERS_RANGE),
-            default=None,
-            metavar="N",
-            help="at most this many speakers (default: no bound)",
-        )
+        for option, help_text in (
+            (
+                "--num-speakers",
+                f"the number of speakers, when known ({span(SPEAKERS_RANGE)}; default: estimated)",
+            ),
+            ("--min-speakers", "at least this many speakers (default: no bound)"),
+            ("--max-speakers", "at most this many speakers (default: no bound)"),
+        ):
+            g.add_argument(option, type=int_in(SPEAKERS_RANGE), default=None, metavar="N", help=help_text)
         g.add_argument(
             "--speaker-names",
             default=None,
@@ -163,21 +152,6 @@ def _names(value: str) -> list[str]:
     return names
 
 
-def _speaker_format(value: str) -> str:
-    """The --speaker-format template; ValueError when it does not name {speaker} or is no template."""
-    if "{speaker}" not in value:
-        raise ValueError(f"{value!r} does not hold {{speaker}}, where the name goes")
-    try:
-        value.format(speaker="Speaker 1")
-    except (ValueError, KeyError, IndexError, AttributeError) as e:
-        raise ValueError(
-            f"{value!r} is no template with only {{speaker}} in it ({one_line(str(e))})"
-        ) from None
-    if "\n" in value or "\r" in value:
-        raise ValueError(f"{value!r} holds a line break")
-    return value
-
-
 def check_diarization(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Diarization | None:
     """What --diarize asks for, checked: usage errors (parser.error) for its options given without it,
     speaker counts that contradict each other, more names than speakers, a bad --speaker-format, and
@@ -207,9 +181,9 @@ def check_diarization(parser: argparse.ArgumentParser, args: argparse.Namespace)
     fmt = None
     if getattr(args, "speaker_format", None) is not None:
         try:
-            fmt = _speaker_format(args.speaker_format)
+            fmt = check_speaker_format(args.speaker_format)
         except ValueError as e:
-            parser.error(f"argument --speaker-format: {e}")
+            parser.error(f"argument --speaker-format: {one_line(str(e))}")
     lib = library()  # Unavailable: the caller says it and stops (status 2)
     try:
         options = lib.DiarizeOptions(num_speakers=num, min_speakers=low, max_speakers=high)

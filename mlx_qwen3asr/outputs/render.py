@@ -53,16 +53,24 @@ def _highlight_style(highlight_words: bool | str | None) -> str | None:
     return highlight_words
 
 
-def _speaker_prefix(speaker_format: str) -> Callable[[str], str]:
-    """The prefix for a speaker's label, from a format with one {speaker} field; ValueError otherwise."""
+def check_speaker_format(speaker_format: str) -> str:
+    """A speaker format with one {speaker} field and no line break, as given; ValueError otherwise
+    (the message names the format)."""
+    where = f"speaker format {speaker_format!r}"
+    if "{speaker}" not in speaker_format:
+        raise ValueError(f"{where} does not hold {{speaker}}, where the name goes")
     try:
         speaker_format.format(speaker="Speaker 1")
     except (KeyError, IndexError, ValueError, AttributeError) as e:
-        raise ValueError(
-            f"speaker format {speaker_format!r} must hold {{speaker}} and no other field ({e})"
-        ) from None
-    if "{speaker}" not in speaker_format:
-        raise ValueError(f"speaker format {speaker_format!r} must hold {{speaker}}")
+        raise ValueError(f"{where} is no template with only {{speaker}} in it ({e})") from None
+    if "\n" in speaker_format or "\r" in speaker_format:
+        raise ValueError(f"{where} holds a line break")
+    return speaker_format
+
+
+def _speaker_prefix(speaker_format: str) -> Callable[[str], str]:
+    """The prefix for a speaker's label (check_speaker_format)."""
+    check_speaker_format(speaker_format)
     return lambda label: speaker_format.format(speaker=label)
 
 
