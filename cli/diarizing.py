@@ -1,6 +1,6 @@
 """Who said what (--diarize): the options that `mlxasr`, `mlxasr align` and `mlxasr serve` share, the
 diarization library reached through one seam (`library`), and DiarizeQueue, which diarizes files on a
-worker thread while the engine transcribes them.
+worker thread while the engine transcribes them (mlx_qwen3asr.cli.diarize_queue).
 
 The library (mlx_qwen3asr.diarize) is an optional extra. Without it a command that is asked to diarize
 says so on one line naming the install command and stops with status 2 before any model loads."""
@@ -9,25 +9,28 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from mlx_qwen3asr.audio.features import SAMPLE_RATE
-from mlx_qwen3asr.audio.files import read_audio
+from mlx_qwen3asr.cli.diarize_queue import (
+    WAITING_SAMPLES,
+    DiarizeQueue,
+    Outcome,
+    SpeakerPairs,
+    diarize_samples,
+    read_samples,
+)
 from mlx_qwen3asr.cli.models import Messages, load_reason
 from mlx_qwen3asr.cli.options import int_in, span
 from mlx_qwen3asr.outputs.render import check_speaker_format
-from mlx_qwen3asr.pipeline.inputs import samples_in_memory
 from mlx_qwen3asr.runtime.messages import one_line
 
 __all__ = [
     "DIARIZER_ENV",
     "INSTALL",
+    "WAITING_SAMPLES",
     "DiarizeQueue",
     "Diarization",
     "Outcome",
@@ -35,19 +38,16 @@ __all__ = [
     "Unavailable",
     "add_diarization",
     "check_diarization",
+    "diarize_samples",
     "library",
     "load_diarizer",
+    "read_samples",
 ]
 
 DIARIZER_ENV = "MLXASR_DIARIZER"
 # What installs the library, for the one line said when it is missing.
 INSTALL = 'pip install "mlx-qwen3asr[diarize]"'  # as mlx_qwen3asr.diarize.INSTALL_COMMAND
 SPEAKERS_RANGE = (1, 100)
-# Transcribed files waiting for their speakers hold at most this many samples of decoded audio in memory
-# (40 minutes, as many as the inputs read ahead may hold); past it the run waits for the diarizer.
-WAITING_SAMPLES = 40 * 60 * SAMPLE_RATE
-# What a file waiting for speakers the diarizer will never give (its thread ended) fails with.
-_LOST = "the diarizer stopped before this file"
 # The options that only mean something with --diarize, by their dest.
 _NEEDS_DIARIZE = {
     "diarizer": "--diarizer",
@@ -139,6 +139,9 @@ def _names(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",")]
     if not any(names):
         raise ValueError("no names given")
+    most = SPEAKERS_RANGE[1]
+    if len(names) > most:
+        raise ValueError(f"{len(names)} names, more than the {most} speakers a file can have")
     for name in names:
         if not name:
             raise ValueError(f"an empty name in {value!r}")
@@ -213,228 +216,9 @@ def load_diarizer(diarization: Diarization, flag: str | None, say: Messages) -> 
     return None
 
 
-def diarize_samples(diarizer: Any, samples: np.ndarray, options: Any) -> Any:
-    """The speaker turns of 16 kHz float32 samples (the library's Turns: a list, with its `warnings`)."""
-    return diarizer(np.ascontiguousarray(samples, dtype=np.float32), options)
-
-
 def turn_warnings(turns: Any) -> list[str]:
     """What the diarizer said about a file's turns (e.g. a speaker count it could not reach)."""
     return [str(w) for w in getattr(turns, "warnings", None) or []]
-
-
-def read_samples(audio: Any) -> np.ndarray:
-    """A file's samples (16 kHz float32 mono, as transcription reads them), whole."""
-    decoded = read_audio(audio)
-    try:
-        return np.array(decoded.signal.samples(), dtype=np.float32, copy=True)
-    finally:
-        decoded.signal.close()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A file diarized: its speaker turns, or the error that stopped it; seconds: its audio's length."""
-
-    turns: list[Any] | None
-    seconds: float = 0.0
-    error: BaseException | None = None
-
-
-class DiarizeQueue:
-    """Files diarized one at a time on a worker thread (the library releases the GIL, so this runs beside
-    transcription), in the order given, except that a file someone waits for (hurry) goes first.
-
-    Outcomes are collected with take(); wait() blocks until one of some keys is done (or a timeout);
-    close() drops what has not started and does not wait for the file being diarized."""
-
-    def __init__(
-        self,
-        diarizer: Any,
-        options: Any,
-        *,
-        read: Callable[[Any], np.ndarray] = read_samples,
-    ) -> None:
-        self._diarizer, self._options, self._read = diarizer, options, read
-        self._cond = threading.Condition()
-        self._pending: list[tuple[Hashable, Any]] = []
-        self._urgent: set[Hashable] = set()
-        self._running: Hashable | None = None
-        self._done: dict[Hashable, Outcome] = {}
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name="mlxasr-diarize", daemon=True)
-        self._thread.start()
-
-    def submit(self, key: Hashable, audio: Any) -> None:
-        with self._cond:
-            self._pending.append((key, audio))
-            self._cond.notify_all()
-
-    def hurry(self, key: Hashable) -> None:
-        """Diarize key next (its transcription is done and waits for it)."""
-        with self._cond:
-            self._urgent.add(key)
-
-    def cancel(self, key: Hashable) -> None:
-        """Forget key: not diarized if it has not started; its outcome dropped if it has."""
-        with self._cond:
-            self._pending = [(k, a) for k, a in self._pending if k != key]
-            self._urgent.discard(key)
-            self._done.pop(key, None)
-            if self._running == key:
-                self._running = None  # its outcome is not kept
-
-    def take(self) -> dict[Hashable, Outcome]:
-        """The outcomes finished since the last call."""
-        with self._cond:
-            done, self._done = self._done, {}
-        return done
-
-    def wait(self, keys: Iterable[Hashable], timeout: float) -> None:
-        """Until an outcome of one of keys is waiting to be taken, one of them never will be (lost), or
-        timeout."""
-        keys = set(keys)
-        with self._cond:
-            self._cond.wait_for(lambda: keys & self._done.keys() or self._lost(keys), timeout)
-
-    def lost(self, keys: Iterable[Hashable]) -> set[Hashable]:
-        """Those of keys that will never have an outcome to take: not waiting, not being diarized and not
-        done (taken already, never submitted, or the queue closed or its thread gone)."""
-        with self._cond:
-            return self._lost(set(keys))
-
-    def _lost(self, keys: set[Hashable]) -> set[Hashable]:
-        if self._closed or not self._thread.is_alive():
-            return keys - self._done.keys()
-        queued = {k for k, _ in self._pending} | {self._running}
-        return keys - queued - self._done.keys()
-
-    def outcome(self, key: Hashable) -> Outcome:
-        """key's outcome, once it is done (taken here); an error outcome if it never will be."""
-        while True:
-            self.wait([key], timeout=0.5)
-            with self._cond:
-                if key in self._done:
-                    return self._done.pop(key)
-                if self._lost({key}):
-                    return Outcome(None, error=RuntimeError(_LOST))
-
-    @property
-    def busy(self) -> bool:
-        """Some file is still to be diarized or being diarized."""
-        with self._cond:
-            return bool(self._pending) or self._running is not None
-
-    def close(self, wait: bool = False, timeout: float | None = None) -> None:
-        """Drop what has not started; a file being diarized is cancelled where the diarizer can be
-        (the library stops at its next stage), and waited for only with wait."""
-        with self._cond:
-            self._closed = True
-            self._pending.clear()
-            running = self._running is not None
-            self._cond.notify_all()
-        cancel = getattr(self._diarizer, "cancel", None)
-        if running and callable(cancel):
-            cancel()
-        if wait:
-            self._thread.join(timeout)
-
-    def _next(self) -> tuple[Hashable, Any] | None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._pending or self._closed)
-            if self._closed:
-                return None
-            at = next((i for i, (k, _) in enumerate(self._pending) if k in self._urgent), 0)
-            key, audio = self._pending.pop(at)
-            self._urgent.discard(key)
-            self._running = key
-            return key, audio
-
-    def _work(self) -> None:
-        try:
-            self._diarize_all()
-        finally:  # however it ends, nobody waits for it any more
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-
-    def _diarize_all(self) -> None:
-        while (item := self._next()) is not None:
-            key, audio = item
-            seconds = 0.0
-            try:
-                samples = self._read(audio)
-                seconds = samples.shape[0] / SAMPLE_RATE
-                outcome = Outcome(diarize_samples(self._diarizer, samples, self._options), seconds)
-            except Exception as e:  # one file's failure is that file's outcome
-                outcome = Outcome(None, seconds, e)
-            with self._cond:
-                if self._running == key:
-                    self._done[key] = outcome
-                self._running = None
-                self._cond.notify_all()
-
-
-class SpeakerPairs:
-    """A run's transcriptions paired with their files' speaker turns (diarized by a DiarizeQueue beside
-    transcription): add() each transcribed file as it comes and settle the pairs it gives, then the pairs
-    of rest(); progress() is the engine's on_progress, which also counts the files diarized.
-
-    A transcription waits for its turns (its file goes to the front of the diarizer's queue). While those
-    waiting hold more than WAITING_SAMPLES of audio in memory, add() waits for the diarizer."""
-
-    def __init__(self, queue: DiarizeQueue, report_progress: Callable[[int, float], None]) -> None:
-        self.queue, self._report = queue, report_progress
-        self._outcomes: dict[Hashable, Outcome] = {}  # diarized, the transcription not yet come
-        self._waiting: dict[Hashable, Any] = {}  # transcribed (InputResult), waiting for speakers
-
-    def progress(self, index: int, seconds: float) -> None:
-        self._report(index, seconds)
-        self._collect()
-
-    def _collect(self) -> None:
-        for key, outcome in self.queue.take().items():
-            self._outcomes[key] = outcome
-            self._report(key, outcome.seconds)
-
-    def add(self, res: Any) -> Iterator[tuple[Any, Outcome | None]]:
-        """The pairs ready once res (an InputResult) has come: res itself with None when it failed."""
-        if res.error is not None:  # not transcribed: its speakers are not needed
-            self.queue.cancel(res.index)
-            self._outcomes.pop(res.index, None)
-            yield res, None
-            return
-        self._waiting[res.index] = res
-        self.queue.hurry(res.index)
-        yield from self._ready()
-        while self._held() > WAITING_SAMPLES:
-            self.queue.wait(self._waiting, timeout=0.5)
-            yield from self._ready()
-
-    def rest(self) -> Iterator[tuple[Any, Outcome | None]]:
-        """The pairs of the transcriptions still waiting, as their speakers come."""
-        yield from self._ready()
-        while self._waiting:
-            self.queue.wait(self._waiting, timeout=0.5)
-            yield from self._ready()
-
-    def close(self) -> None:
-        """Stop diarizing (not waiting for the file being diarized) and drop what waits."""
-        self.queue.close()
-        for res in self._waiting.values():
-            if res.wav is not None:
-                res.wav.close()
-        self._waiting.clear()
-
-    def _held(self) -> int:
-        return sum(samples_in_memory(r.wav) for r in self._waiting.values() if r.wav is not None)
-
-    def _ready(self) -> Iterator[tuple[Any, Outcome]]:
-        self._collect()
-        lost = self.queue.lost(k for k in self._waiting if k not in self._outcomes)
-        for key in [k for k in self._waiting if k in self._outcomes or k in lost]:
-            outcome = self._outcomes.pop(key, None) or Outcome(None, error=RuntimeError(_LOST))
-            yield self._waiting.pop(key), outcome
 
 
 def failure(e: BaseException) -> str:

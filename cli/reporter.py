@@ -10,26 +10,20 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from mlx_qwen3asr.cli.bar import FittedProgress
 from mlx_qwen3asr.outputs.cue_types import format_timestamp
 from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.runtime.messages import one_line
 
-__all__ = ["Reporter", "Summary", "duration", "length", "printable"]
+__all__ = ["Reporter", "SpeakerWork", "Summary", "duration", "length", "printable"]
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Bidirectional overrides and isolates reorder the text around them on a terminal.
@@ -112,6 +106,30 @@ class Summary:
         return f"{self.speed:.1f}x realtime" if self.audio_seconds > 0 and self.work_seconds > 0 else None
 
 
+@dataclass(frozen=True)
+class SpeakerWork:
+    """How far the diarizer has got (--diarize), as the bar and the log lines say it."""
+
+    files: int = 0  # files still to diarize, the one it works on included
+    key: Any = None  # the file it works on (its position in start's estimates), None between files
+    fraction: float | None = None  # the share of that file done, where the diarizer tells
+    left: float | None = None  # seconds of diarization left in all, where the diarizer can estimate
+    attempt: int = 1  # the run of its speaker-count search
+    attempts: int = 1
+    waiting: bool = False  # every file is transcribed: the run waits for speakers alone
+
+    def describe(self) -> str:
+        """ "finding speakers 40%", "finding speakers 40% (run 2 of 4)" ("" when nothing is left)."""
+        if self.files <= 0:
+            return ""
+        text = "finding speakers"
+        if self.fraction is not None:
+            text += f" {100 * self.fraction:.0f}%"
+        if self.attempts > 1:
+            text += f" (run {self.attempt} of {self.attempts})"
+        return text
+
+
 def _discard_output(stream: TextIO) -> None:
     """Point a stream whose pipe is closed at the null device, so that flushing it (at exit too)
     cannot fail again."""
@@ -121,35 +139,6 @@ def _discard_output(stream: TextIO) -> None:
             os.dup2(null, stream.fileno())
         finally:
             os.close(null)
-
-
-class _Realtime(ProgressColumn):
-    """Audio seconds per wall-clock second (the task's `speed` field, once work is done)."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.fields.get("speed")
-        return Text(f"{speed:.1f}x realtime" if speed else "", style="cyan")
-
-
-class _AudioShare(ProgressColumn):
-    """The share of the audio done, said as such: the bar measures audio, and the files finished (the
-    label) lag behind it, since segments are decoded longest first across all files."""
-
-    def render(self, task: Task) -> Text:
-        share = min(100.0, 100.0 * task.completed / task.total) if task.total else 0.0
-        return Text(f"{share:3.0f}% of audio", style="progress.percentage")
-
-
-class _TimeLeft(ProgressColumn):
-    """Wall-clock time left at the speed so far (the task's `left` field, once work is done)."""
-
-    def render(self, task: Task) -> Text:
-        left = task.fields.get("left")
-        if left is None:
-            return Text("-:--:--", style="progress.remaining")
-        m, s = divmod(int(round(left)), 60)
-        h, m = divmod(m, 60)
-        return Text(f"{h}:{m:02d}:{s:02d}", style="progress.remaining")
 
 
 class Reporter:
@@ -173,6 +162,9 @@ class Reporter:
         self._failed = 0  # files failed while transcribed, for the bar's label
         self._stages = 1  # passes over each file's audio (start)
         self._gone: set[int] = set()  # streams whose reader has gone
+        self._label = ""  # the files finished, as the bar says it
+        self._speakers = SpeakerWork()  # how far the diarizer has got (--diarize)
+        self._partial = 0.0  # the audio of the file being diarized that counts as done so far
 
     def write(self, stream: TextIO, line: str) -> None:
         """One line to a stream, whatever the mode."""
@@ -227,22 +219,13 @@ class Reporter:
         self._done = [0.0] * len(self._totals)
         self._completed, self._total = 0.0, sum(self._totals)
         self._failed = 0
+        self._label, self._speakers, self._partial = "", SpeakerWork(), 0.0
         self._started = self._last_line = self._last_bar = time.monotonic()
         if not self.rich:
             return
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            _AudioShare(),
-            _Realtime(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            _TimeLeft(),
-            console=self.console,
-            redirect_stderr=self.err.isatty(),
-        )
+        self._progress = FittedProgress(console=self.console, redirect_stderr=self.err.isatty())
         self._progress.start()
-        self._task = self._progress.add_task("", total=max(self._total, 1e-6))
+        self._task = self._progress.add_task("", total=max(self._total, 1e-6), label="", speakers="")
 
     def batch_started(
         self,
@@ -255,8 +238,9 @@ class Reporter:
     ) -> None:
         """One line: how long loading took, the files to transcribe, the batch, the aligner and the
         diarizer."""
+        self._label = files_done(0, count)
         if self._progress is not None:
-            self._progress.update(self._task, description=files_done(0, count))
+            self._progress.update(self._task, label=self._label)
         if batch_size:
             line = f"transcribing {count} file(s), {batch_size} segment(s) at a time"
         else:
@@ -270,26 +254,70 @@ class Reporter:
         self.info(line)
 
     def _speed(self, now: float) -> tuple[float | None, float | None]:
-        """Seconds of audio per wall-clock second so far and the seconds left at that speed (None
-        before any work is done)."""
+        """Seconds of audio per wall-clock second so far and the seconds left (None before any work is
+        done, or while unknown). The diarization still to do counts where the diarizer can estimate it:
+        it is the time left once every file is transcribed, and the least time left before."""
         elapsed = now - self._started
-        if self._completed <= 0 or elapsed <= 0:
-            return None, None
-        speed = self._completed / elapsed
-        return speed, max(self._total - self._completed, 0.0) / speed
+        done = self._completed + self._partial
+        work = self._speakers
+        if done <= 0 or elapsed <= 0:
+            return None, work.left if work.files and work.left is not None else None
+        speed = done / elapsed
+        left = max(self._total - done, 0.0) / speed
+        if work.files and work.left is not None:
+            left = work.left if work.waiting else max(left, work.left)
+        return speed, left
 
-    def _show(self, now: float, description: str | None = None) -> None:
+    def _show(self, now: float) -> None:
         """Move the bar to the progress so far."""
         speed, left = self._speed(now)
         self._last_bar = now
         self._progress.update(
             self._task,
-            completed=self._completed,
+            completed=min(self._completed + self._partial, self._total),
             total=max(self._total, 1e-6),
-            description=description,
+            label=self._label,
+            speakers=self._speakers.describe(),
             speed=speed,
             left=left,
         )
+
+    def _tick(self, now: float) -> None:
+        """Show the progress: the bar at most every BAR_EVERY seconds, a log line every PROGRESS_EVERY."""
+        if self._progress is not None:
+            if now - self._last_bar >= BAR_EVERY:
+                self._show(now)
+        elif not self.quiet and now - self._last_line >= PROGRESS_EVERY:
+            self._last_line = now
+            self.info(self._progress_line(now))
+
+    def _progress_line(self, now: float) -> str:
+        speed, left = self._speed(now)
+        done = self._completed + self._partial
+        share = 100 * done / self._total if self._total > 0 else 100.0
+        line = f"progress: {share:.0f}% of {duration(self._total)} of audio"
+        if speed is not None:
+            line += f", {speed:.1f}x realtime"
+        if left is not None:
+            line += f", about {duration(left)} left"
+        work = self._speakers
+        if work.files:
+            line += f"; {work.describe()}, {work.files} file(s) to go"
+        return line
+
+    def diarizing(self, work: SpeakerWork) -> None:
+        """How far the diarizer has got (--diarize): said by the bar and the log lines, the share done of
+        the file it works on counted as done, the diarization left counted in the time left. Called
+        while the run waits for speakers too, so that the progress never stands still."""
+        self._speakers = work
+        index = work.key
+        partial = 0.0
+        if work.fraction is not None and isinstance(index, int) and 0 <= index < len(self._totals):
+            # at most the file's share of the pass, less what is counted already
+            partial = work.fraction * self._totals[index] / self._stages
+            partial = max(0.0, min(partial, self._totals[index] - self._done[index]))
+        self._partial = partial
+        self._tick(time.monotonic())
 
     def progress(self, index: int, seconds: float) -> None:
         """Work done on file `index` (its position in start's estimates) by one of its passes, in seconds
@@ -302,18 +330,9 @@ class Reporter:
         if self._done[index] > self._totals[index]:  # its estimate fell short
             self._total += self._done[index] - self._totals[index]
             self._totals[index] = self._done[index]
-        now = time.monotonic()
-        if self._progress is not None:
-            if now - self._last_bar >= BAR_EVERY:
-                self._show(now)
-        elif not self.quiet and now - self._last_line >= PROGRESS_EVERY:
-            self._last_line = now
-            speed, left = self._speed(now)
-            share = 100 * self._completed / self._total if self._total > 0 else 100.0
-            line = f"progress: {share:.0f}% of {duration(self._total)} of audio"
-            if speed is not None:
-                line += f", {speed:.1f}x realtime, about {duration(left)} left"
-            self.info(line)
+        if index == self._speakers.key:  # what is counted now is no longer the diarizer's partial share
+            self._partial = max(0.0, min(self._partial, self._totals[index] - self._done[index]))
+        self._tick(time.monotonic())
 
     def segment(self, seg: Segment, source: Path | None = None) -> None:
         """A transcribed segment (shown with --verbose); source names its file when segments of several
@@ -339,8 +358,9 @@ class Reporter:
             self._total += done - self._totals[index]
             self._totals[index] = done
         self._failed += actual_seconds is None
+        self._label = files_done(finished, count, self._failed)
         if self._progress is not None:
-            self._show(time.monotonic(), description=files_done(finished, count, self._failed))
+            self._show(time.monotonic())
         if source is not None:
             if actual_seconds is None:
                 self.info(f"[{finished}/{count}] failed {source}")

@@ -288,9 +288,10 @@ def _transcribe_all(
     # the bar counts both passes, and a file is finished when both are.
     speakers = None
     if diarizer is not None:
-        speakers = DiarizeQueue(diarizer, diarization.options)
+        # Diarized only where speech detection finds speech, as transcription is (--no-vad: all of it).
+        speakers = DiarizeQueue(diarizer, diarization.options, vad=options.vad or None)
         for index, job in enumerate(todo):
-            speakers.submit(index, job.audio)
+            speakers.submit(index, job.audio, estimates[index])
     report.start(estimates, stages=2 if speakers is not None else 1)
     report.batch_started(
         len(todo),
@@ -316,7 +317,7 @@ def _transcribe_all(
         # Failed files take their place in the count as visibly as finished ones.
         report.file_finished(summary.processed, len(todo), res.index, seconds, job.path)
 
-    pairs = SpeakerPairs(speakers, report.progress) if speakers is not None else None
+    pairs = SpeakerPairs(speakers, report.progress, report.diarizing) if speakers is not None else None
     stream = transcribe_stream(
         model,
         [j.audio for j in todo],
