@@ -29,14 +29,17 @@ STAGES = Swappable()
 
 class Diarizer:
     """The server's stand-in diarizer: speaker 0 for the first half of the audio, speaker 1 for the rest,
-    after `sleep` seconds; `fail` makes it raise. calls: (seconds of audio, start, end)."""
+    after `sleep` seconds; `fail` makes it raise. calls: (seconds of audio, start, end); speech: the
+    speech= of each call (None: the server runs without speech detection)."""
 
     def __init__(self) -> None:
         self.sleep, self.fail = 0.0, False
         self.calls: list[tuple[float, float, float]] = []
+        self.speech: list = []
 
-    def __call__(self, samples: np.ndarray, options) -> list[Turn]:
+    def __call__(self, samples: np.ndarray, options, *, speech=None) -> list[Turn]:
         t0 = time.monotonic()
+        self.speech.append(speech)
         time.sleep(self.sleep)
         seconds = samples.shape[0] / 16000
         self.calls.append((seconds, t0, time.monotonic()))
@@ -78,6 +81,7 @@ def server(served, model, monkeypatch):
     monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
     DIARIZER.sleep, DIARIZER.fail = 0.0, False
     DIARIZER.calls.clear()
+    DIARIZER.speech.clear()
     yield served
     deadline = time.monotonic() + 10
     while served.uploads() or served.engine.queued_seconds():
@@ -106,6 +110,7 @@ def test_diarized_json_through_the_openai_client(server, tmp_path):
     assert 20 < result.segments[0].end == result.segments[1].start < 40
     assert result.usage.type == "duration" and result.usage.seconds == pytest.approx(40.0)
     assert [round(c[0], 2) for c in DIARIZER.calls] == [40.0]
+    assert DIARIZER.speech == [None]  # the server runs without speech detection: all the audio
 
     # known_speaker_names[] name the speakers in the order they first speak; the server_vad object the
     # openai client sends as chunking_strategy[...] fields is accepted.
@@ -186,6 +191,41 @@ def test_a_failed_diarization_fails_its_request_alone(server, tmp_path):
         data={"model": "m", "response_format": "diarized_json"},
     )
     assert again.status_code == 200 and again.json()["segments"][0]["speaker"] == "A"
+
+
+def test_a_hundred_known_speaker_names_are_taken_and_one_more_is_refused_naming_the_field(server, tmp_path):
+    """The documented 100 names, with every other field a request can send; the 101st is a 400 whose
+    param names known_speaker_names[]."""
+    path = wav_file(tmp_path, 40.0, seed=4)  # two speakers
+    names = [f"Speaker {k}" for k in range(100)]
+    fields = {
+        "model": "m",
+        "response_format": "diarized_json",
+        "language": "en",
+        "prompt": "A meeting.",
+        "temperature": "0",
+        "stream": "false",
+        "timestamp_granularities[]": ["segment", "word"],
+        "chunking_strategy[type]": "server_vad",
+        "chunking_strategy[threshold]": "0.5",
+        "chunking_strategy[prefix_padding_ms]": "300",
+        "chunking_strategy[silence_duration_ms]": "500",
+        "include[]": "logprobs",
+    }
+    response = server.post(
+        files={"file": ("talk.wav", path.read_bytes())}, data={**fields, "known_speaker_names[]": names}
+    )
+    assert response.status_code == 200, response.text
+    assert [s["speaker"] for s in response.json()["segments"]] == names[:2]
+
+    response = server.post(
+        files={"file": ("talk.wav", path.read_bytes())},
+        data={**fields, "known_speaker_names[]": [*names, "One more"]},
+    )
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "known_speaker_names[]" and "at most 100" in error["message"]
+    assert len(DIARIZER.calls) == 1
 
 
 @pytest.mark.parametrize(

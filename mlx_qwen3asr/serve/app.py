@@ -6,12 +6,14 @@
                                     known_speaker_names[], chunking_strategy
     GET  /v1/models                 the loaded model as an OpenAI model list
     GET  /health                    status, the model, whether words can be timed, audio queued
+                                    for transcription and for diarization
     GET  /v1/realtime/transcription WebSocket: live audio in, partial and committed text out (live.py)
 
 Requests share the Engine's running batch (continuous batching), so concurrent clients cost little
 more than one. Uploads stream to a file in a private folder, counted against the size limit as they
 arrive, and that file is removed whatever happens to the request. A client that goes away has its
-job cancelled, which takes its rows out of the batch. An upload counts against the limits by the
+job cancelled, which takes its rows out of the batch, and its diarization cancelled (dropped from the
+queue, or stopped while it runs). An upload counts against the limits by the
 duration it decodes to, not its size or header. The Host header must name this server and a
 browser's request come from an allowed origin (DNS rebinding, cross-site forms); connections have
 deadlines for their headers and body and a bound on their number (uvicorn_config). Errors are
@@ -36,7 +38,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,14 @@ from mlx_qwen3asr.serve.access import Access, Guard
 from mlx_qwen3asr.serve.connections import ConnectionLimits, http_protocol
 from mlx_qwen3asr.serve.errors import APIError, ClientGone
 from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits, LiveSessions
-from mlx_qwen3asr.serve.openai import RESPONSE_FORMATS, EventStream, parse_request, render_response
-from mlx_qwen3asr.serve.speakers import Speakers
+from mlx_qwen3asr.serve.openai import (
+    FORM_REPEATS,
+    RESPONSE_FORMATS,
+    EventStream,
+    parse_request,
+    render_response,
+)
+from mlx_qwen3asr.serve.speakers import Diarization, Speakers
 from mlx_qwen3asr.serve.uploads import Upload, read_upload, write_chunk
 
 __all__ = [
@@ -175,7 +183,9 @@ class _Server:
         return future.result()
 
     def job_left(self, future: asyncio.Future) -> None:
-        future.add_done_callback(lambda f: f.exception())  # read, so that nothing is reported
+        # Its outcome is read when it comes, so that nothing is reported as never retrieved; a future
+        # cancelled meanwhile (the request's diarization, dropped) has no outcome to read.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def segments(self, job: Job) -> Iterator[Segment]:
         return job.segments()
@@ -209,11 +219,12 @@ class _Server:
         )
 
     async def with_speakers(
-        self, request: Request | None, turns: Future, result: Transcription
+        self, request: Request | None, turns: Diarization, result: Transcription
     ) -> Transcription:
-        """result with the speakers of its diarization (turns, a Future of the Speakers); a client that
-        leaves meanwhile (request given) drops it. Raises APIError (500) when diarization failed."""
-        future = asyncio.wrap_future(turns)
+        """result with the speakers of its diarization (turns, from Speakers.submit); a client that
+        leaves meanwhile (request given; else the task is cancelled) cancels it. Raises APIError (500)
+        when diarization failed."""
+        future = asyncio.wrap_future(turns.future)
         try:
             found = await (self._watch(request, future) if request is not None else future)
         except (ClientGone, asyncio.CancelledError):
@@ -229,9 +240,9 @@ class _Server:
         assert self.speakers is not None
         return await anyio.to_thread.run_sync(self.speakers.assign, result, found)
 
-    def finish(self, job: Job | None, upload: Upload, turns: Future | None = None) -> None:
-        """A request is over: its job stops if it still runs, its diarization is dropped if it has not
-        started, its file goes, its samples are closed."""
+    def finish(self, job: Job | None, upload: Upload, turns: Diarization | None = None) -> None:
+        """A request is over: its job stops if it still runs, its diarization is cancelled if it waits
+        or runs, its file goes, its samples are closed."""
         if turns is not None:
             turns.cancel()
         if job is not None:
@@ -281,9 +292,11 @@ class _Server:
         error = self.busy()  # before the upload is read
         if error is not None:
             raise error
-        upload = await read_upload(request, self.upload_dir, self.max_upload_bytes, self.write_upload)
+        upload = await read_upload(
+            request, self.upload_dir, self.max_upload_bytes, self.write_upload, FORM_REPEATS
+        )
         job: Job | None = None
-        turns: Future | None = None  # the speaker turns of a diarized answer
+        turns: Diarization | None = None  # the speaker turns of a diarized answer
         streaming = False
         try:
             req = parse_request(upload)
@@ -371,6 +384,9 @@ class _Server:
                 "word_timestamps": self.engine.aligner is not None,
                 "diarization": self.speakers is not None,
                 "queued_seconds": round(self.engine.queued_seconds(), 3),
+                "diarization_queued_seconds": round(
+                    self.speakers.queued_seconds() if self.speakers is not None else 0.0, 3
+                ),
             }
         )
 
@@ -447,12 +463,15 @@ def create_app(
     (403), as are those of every other origin when it is empty. live: the bounds of the live sessions
     (WebSocket at /v1/realtime/transcription; default LiveLimits()), checked for Host, Origin and key
     as the HTTP API. speakers: the server's diarizer, for response_format diarized_json (None: such
-    requests are refused with a 400); the caller closes it when the server has stopped.
+    requests are refused with a 400), which diarizes only where the engine's speech detection
+    (engine.vad) finds speech; the caller closes it when the server has stopped.
 
     Run it with `uvicorn_config`, whose connections have deadlines and a bound on their number.
     """
     if api_key is not None and not api_key.strip():
         raise ValueError("api_key is empty: give a key, or None for an open server")
+    if speakers is not None:
+        speakers.vad = engine.vad  # the speech the engine transcribes is what is diarized
     owned = upload_dir is None
     folder = Path(tempfile.mkdtemp(prefix="mlxasr-uploads-") if owned else upload_dir)
     server = _Server(

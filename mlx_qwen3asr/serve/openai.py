@@ -7,7 +7,6 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +25,7 @@ from mlx_qwen3asr.text.output import join_texts
 
 __all__ = [
     "DIARIZED",
+    "FORM_REPEATS",
     "GRANULARITIES",
     "RESPONSE_FORMATS",
     "EventStream",
@@ -45,6 +45,17 @@ DIARIZED = "diarized_json"
 CHUNKING_VAD_FIELDS = {"threshold": float, "prefix_padding_ms": int, "silence_duration_ms": int}
 MAX_SPEAKER_NAMES = 100
 MAX_SPEAKER_NAME_CHARS = 100
+# How often each list field may come in a form (uploads.read_upload); other fields come at most
+# uploads.MAX_REPEATS times.
+FORM_REPEATS = {
+    name: MAX_SPEAKER_NAMES
+    for name in (
+        "known_speaker_names[]",
+        "known_speaker_names",
+        "known_speaker_references[]",
+        "known_speaker_references",
+    )
+}
 # What decoding does whatever `temperature` asks: greedy (argmax) tokens.
 DECODING_TEMPERATURE = 0.0
 
@@ -364,9 +375,9 @@ class JobHost(Protocol):
 
     def job_error(self, e: BaseException, upload: Upload) -> APIError: ...
 
-    def finish(self, job: Job | None, upload: Upload, turns: Future | None = None) -> None: ...
+    def finish(self, job: Job | None, upload: Upload, turns: Any = None) -> None: ...
 
-    async def with_speakers(self, request: Any, turns: Future, result: Transcription) -> Transcription: ...
+    async def with_speakers(self, request: Any, turns: Any, result: Transcription) -> Transcription: ...
 
 
 def _event(payload: dict[str, Any]) -> bytes:
@@ -386,7 +397,7 @@ class EventStream:
         upload: Upload,
         req: TranscriptionRequest,
         first: Segment,
-        turns: Future | None = None,
+        turns: Any = None,  # the request's speakers.Diarization
     ):
         self.server, self.job, self.upload, self.req, self.first = server, job, upload, req, first
         self.turns = turns

@@ -9,7 +9,7 @@ import logging
 import os
 import secrets
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +31,10 @@ log = logging.getLogger(__name__)
 # Form fields other than the file (model, language, prompt, ...): a prompt of the longest context the
 # model takes (8192 tokens) is well under this.
 MAX_FIELD_BYTES = 1024 * 1024
-MAX_PARTS = 64
+# Fields of different names a form may hold, and how often one name may come (a list field may come
+# as often as `repeats` says: read_upload).
+MAX_NAMES = 64
+MAX_REPEATS = 16
 # File bytes are gathered up to this much before a write (done off the event loop).
 WRITE_CHUNK = 1024 * 1024
 
@@ -72,8 +75,9 @@ class Upload:
 class _FormReader:
     """Parses a multipart body as it arrives; file bytes are collected for writing, fields kept."""
 
-    def __init__(self, boundary: bytes, upload: Upload) -> None:
-        self.upload = upload
+    def __init__(self, boundary: bytes, upload: Upload, repeats: Mapping[str, int]) -> None:
+        self.upload, self.repeats = upload, repeats
+        self.counts: dict[str, int] = {}
         self.pending = bytearray()  # file bytes not written yet
         self._headers: dict[bytes, bytes] = {}
         self._header_field = bytearray()
@@ -82,7 +86,6 @@ class _FormReader:
         self._is_file = False
         self._value = bytearray()
         self._field_bytes = 0
-        self._parts = 0
         self.parser = MultipartParser(
             boundary,
             callbacks={
@@ -97,9 +100,6 @@ class _FormReader:
         )
 
     def _part_begin(self) -> None:
-        self._parts += 1
-        if self._parts > MAX_PARTS:
-            raise APIError(400, f"too many form fields (at most {MAX_PARTS})")
         self._headers, self._name, self._is_file, self._value = {}, None, False, bytearray()
 
     def _header_end(self) -> None:
@@ -109,8 +109,16 @@ class _FormReader:
 
     def _headers_finished(self) -> None:
         _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
-        self._name = options.get(b"name", b"").decode("utf-8", "replace")
-        if self._name != "file":
+        self._name = name = options.get(b"name", b"").decode("utf-8", "replace")
+        count = self.counts.get(name, 0) + 1
+        shown = one_line(name)[:200]
+        if count == 1 and len(self.counts) >= MAX_NAMES:
+            raise APIError(400, f"too many form fields (at most {MAX_NAMES} different names)", param=shown)
+        most = self.repeats.get(name, MAX_REPEATS)
+        if count > most:
+            raise APIError(400, f"too many {shown} form fields (at most {most})", param=shown)
+        self.counts[name] = count
+        if name != "file":
             return
         upload = self.upload
         if upload.path is not None:
@@ -177,7 +185,13 @@ async def _store(write: Writer, path: Path, data: bytes, created: bool) -> None:
         raise _storage_error(e) from None
 
 
-async def read_upload(request: Request, folder: Path, limit: int, write: Writer = write_chunk) -> Upload:
+async def read_upload(
+    request: Request,
+    folder: Path,
+    limit: int,
+    write: Writer = write_chunk,
+    repeats: Mapping[str, int] | None = None,
+) -> Upload:
     """The request's multipart body, the file part streamed into `folder`; bytes are counted as they
     come and the request is refused (413) as soon as they pass `limit`, without reading the rest (the
     connection drops it as it arrives, see close_after).
@@ -186,6 +200,9 @@ async def read_upload(request: Request, folder: Path, limit: int, write: Writer 
     is refused (400): part of a file is not the file. Raises APIError, or ClientGone; the file is
     removed on any failure. write stores each gathered piece of the file (write_chunk; run off the event
     loop); an OSError from it is answered 507 for a full disk, else 500.
+
+    A form holds fields of at most MAX_NAMES different names, each at most MAX_REPEATS times, or as
+    often as repeats gives for its name (a list field); one more is refused (400) naming that field.
     """
     ctype, options = parse_options_header(request.headers.get("content-type"))
     boundary = options.get(b"boundary")
@@ -196,7 +213,7 @@ async def read_upload(request: Request, folder: Path, limit: int, write: Writer 
             close=close_after(request.headers, limit),
         )
     upload = Upload(folder)
-    reader = _FormReader(boundary, upload)
+    reader = _FormReader(boundary, upload, repeats or {})
     received, created = 0, False
     try:
         async for chunk in request.stream():
