@@ -53,8 +53,8 @@ exit status:
   {EXIT_OK}    the checkpoint was written
   {EXIT_FAILED}    the conversion failed (unreadable tensor data, a full disk, a destination that
        became unwritable, an output that does not load); nothing is left behind
-  {EXIT_USAGE}    usage error (bad option, DST exists without --force, DST is the source, names no
-       folder of its own such as ".", is a folder --force may not replace because it holds more
+  {EXIT_USAGE}    usage error (bad option, DST exists without --overwrite, DST is the source, names no
+       folder of its own such as ".", is a folder --overwrite may not replace because it holds more
        than a checkpoint, or cannot be written), or the source cannot be used: missing, not a
        Qwen3-ASR checkpoint, already quantized, not cached and the Hugging Face hub unreachable;
        nothing is written
@@ -93,9 +93,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="dtype of unquantized weights (default bfloat16)",
     )
     ap.add_argument(
+        "--overwrite",
         "--force",
+        dest="overwrite",
         action="store_true",
-        help="replace DST if it exists and holds a checkpoint and nothing else (once the new one is complete)",
+        help="replace DST if it exists and holds a checkpoint and nothing else (once the new one is complete); "
+        "--force is the same",
     )
     return ap
 
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, restore_after_stop:
                 group_size=args.group_size,
                 encoder_bits=args.encoder_bits,
                 dtype=args.dtype,
-                force=args.force,
+                force=args.overwrite,
                 log=progress,
             )
         except (ConvertError, ModelLoadError) as e:

@@ -23,7 +23,7 @@ from mlx_qwen3asr.cli.diarize_queue import (
     read_samples,
 )
 from mlx_qwen3asr.cli.models import Messages, load_reason
-from mlx_qwen3asr.cli.options import int_in, span
+from mlx_qwen3asr.cli.options import int_in, moot, span
 from mlx_qwen3asr.outputs.render import check_speaker_format
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -163,7 +163,7 @@ def check_diarization(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if not getattr(args, "diarize", False):
         for dest, option in _NEEDS_DIARIZE.items():
             if getattr(args, dest, None) is not None:
-                parser.error(f"argument {option}: has no effect without --diarize")
+                moot(parser, option, "without --diarize")
         return None
     num = getattr(args, "num_speakers", None)
     low, high = getattr(args, "min_speakers", None), getattr(args, "max_speakers", None)

@@ -8,6 +8,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
+from typing import NoReturn
 
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.checkpoints.loading import DTYPES
@@ -38,6 +39,7 @@ __all__ = [
     "chosen_formats",
     "exit_status",
     "int_in",
+    "moot",
     "number_in",
     "span",
     "vad_options",
@@ -228,10 +230,17 @@ def add_speech_detection(group) -> None:
     )
 
 
+def moot(parser: argparse.ArgumentParser, option: str, why: str) -> NoReturn:
+    """The one rule of every command for an option that another option (or its absence) makes moot: a
+    usage error (status 2) naming the option and why, e.g. moot(parser, "--aligner", "with
+    --no-word-timestamps") says "argument --aligner: has no effect with --no-word-timestamps"."""
+    parser.error(f"argument {option}: has no effect {why}")
+
+
 def check_vad(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A usage error (parser.error) for --vad-threshold given with --no-vad."""
+    """A usage error (moot) for --vad-threshold given with --no-vad."""
     if args.vad_threshold is not None and not args.vad:
-        parser.error("argument --vad-threshold: has no effect with --no-vad")
+        moot(parser, "--vad-threshold", "with --no-vad")
 
 
 def vad_options(args: argparse.Namespace) -> VadOptions | None:

@@ -37,6 +37,7 @@ from mlx_qwen3asr.cli.options import (
     RTTM,
     check_vad,
     chosen_formats,
+    moot,
     vad_options,
 )
 from mlx_qwen3asr.cli.plan import (
@@ -119,6 +120,7 @@ def _run(
         max_words_per_line=args.max_words_per_line,
     )
     subtitles = bool({"srt", "vtt"} & set(formats))
+    _refuse_moot(parser, args, subtitles)
     if args.word_timestamps is None:
         # Timing words matters for subtitles, not for a transcript; speakers change between words.
         args.word_timestamps = subtitles or args.diarize
@@ -147,10 +149,6 @@ def _run(
     if stdin is not None and stdin.to_stdout:
         out = err  # standard output carries the transcript alone
     report = Reporter(out, err, quiet=args.quiet, verbose=args.verbose)
-    if not subtitles and args.cue_options_given:
-        names = ", ".join(args.cue_options_given)
-        affect = "affects" if len(args.cue_options_given) == 1 else "affect"
-        report.warning(f"{names} only {affect} subtitles (--srt, --vtt); ignored")
     summary = Summary()
     paths = [p for p in args.paths if p != STDIN]
     inputs, input_errors = find_inputs(paths)
@@ -241,6 +239,18 @@ def _run(
     if summary.interrupted:
         return status
     return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+def _refuse_moot(parser: argparse.ArgumentParser, args: argparse.Namespace, subtitles: bool) -> None:
+    """Usage errors (options.moot) for options that others make moot: --aligner with
+    --no-word-timestamps, a subtitle cue option without --srt or --vtt, --highlight-style without
+    --highlight-words (--vad-threshold and the speaker options are checked with their kind)."""
+    if args.word_timestamps is False and args.aligner is not None:
+        moot(parser, "--aligner", "with --no-word-timestamps (words are not timed)")
+    if not subtitles and args.cue_options_given:
+        moot(parser, args.cue_options_given[0], "without --srt or --vtt (only subtitles are cut into cues)")
+    if "--highlight-style" in args.cue_options_given and not args.highlight_words:
+        moot(parser, "--highlight-style", "without --highlight-words")
 
 
 def _transcribe_all(

@@ -676,25 +676,40 @@ def test_cli_module_is_runnable(tmp_path):
 # --- options that do nothing for the formats chosen ------------------------------------------------
 
 
-def test_cue_options_without_subtitles_are_ignored_with_one_warning(tmp_path, capsys, monkeypatch):
+def test_options_that_others_make_moot_are_usage_errors_naming_them(tmp_path, capsys, monkeypatch):
+    """One rule for every option another option makes moot: a usage error (status 2, before anything
+    loads) naming the option and why, as --diarizer without --diarize always was."""
     monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
 
-    def warnings(*args: str) -> list[str]:
-        assert main(["--no-vad", str(a), "--dry-run", *args]) == 0
-        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    def refused(*args: str) -> str:
+        assert main(["--no-vad", str(a), "--dry-run", *args]) == 2
+        return capsys.readouterr().err.splitlines()[-1]
 
-    assert warnings("--txt", "--max-words-per-line", "3") == [
-        "warning: --max-words-per-line only affects subtitles (--srt, --vtt); ignored"
-    ]
-    assert warnings("--json", "--highlight-words", "--max-line-width", "20", "--max-line-width", "30") == [
-        "warning: --highlight-words, --max-line-width only affect subtitles (--srt, --vtt); ignored"
-    ]
-    assert warnings("--txt", "--no-word-timestamps", "--highlight-words", "--highlight-style", "karaoke") == [
-        "warning: --highlight-words, --highlight-style only affect subtitles (--srt, --vtt); ignored"
-    ]
-    assert warnings("--srt", "--max-words-per-line", "3", "--highlight-words") == []
-    assert warnings("--txt") == []
+    assert refused("--no-word-timestamps", "--aligner", "A") == (
+        "mlxasr: error: argument --aligner: has no effect with --no-word-timestamps (words are not timed)"
+    )
+    assert refused("--txt", "--max-words-per-line", "3") == (
+        "mlxasr: error: argument --max-words-per-line: has no effect without --srt or --vtt "
+        "(only subtitles are cut into cues)"
+    )
+    assert refused("--json", "--highlight-words", "--max-line-width", "20").startswith(
+        "mlxasr: error: argument --highlight-words: has no effect without --srt or --vtt"
+    )
+    assert refused("--srt", "--highlight-style", "karaoke") == (
+        "mlxasr: error: argument --highlight-style: has no effect without --highlight-words"
+    )
+    assert refused("--diarizer", "D") == "mlxasr: error: argument --diarizer: has no effect without --diarize"
+    assert refused("--no-vad", "--vad-threshold", "0.3") == (
+        "mlxasr: error: argument --vad-threshold: has no effect with --no-vad"
+    )
+    for fine in (
+        ["--srt", "--max-words-per-line", "3", "--highlight-words", "--highlight-style", "karaoke"],
+        ["--word-timestamps", "--aligner", "A", "--txt"],
+        ["--txt"],
+    ):
+        assert main(["--no-vad", str(a), "--dry-run", *fine]) == 0, fine
+        assert "error" not in capsys.readouterr().err
 
 
 def test_highlight_words_errors_name_what_the_user_gave(tmp_path, capsys, monkeypatch):

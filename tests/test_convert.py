@@ -422,15 +422,27 @@ def test_existing_destination_refused_then_forced(original, tmp_path, capsys):
     dst.mkdir()
     (dst / "README.md").write_text("precious")
     rc, _, err = cli(capsys, original, "-o", dst, "--bits", "8")
-    assert rc == 2 and "exists; use --force" in err  # a usage error, as mlxasr's
+    assert rc == 2 and "exists; use --overwrite" in err  # a usage error, as mlxasr's
     assert (dst / "README.md").read_text() == "precious"
 
-    rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "8", "--force")
+    rc, out, _ = cli(capsys, original, "-o", dst, "--bits", "8", "--overwrite")  # as every command says it
     assert rc == 0 and "converted" in out
     assert not (dst / "README.md").exists() and (dst / "config.json").is_file()
     assert json.loads((dst / "config.json").read_text())["quantization"]["bits"] == 8
     assert leftovers(tmp_path) == []
     load(dst)
+
+
+def test_overwrite_is_the_option_and_force_its_alias(capsys):
+    """`--overwrite`, as mlxasr, align and live call it; `--force`, its old name, still works."""
+    from mlx_qwen3asr.cli.convert import build_parser
+
+    parser = build_parser("mlxasr convert")
+    assert parser.parse_args(["src", "-o", "dst", "--overwrite"]).overwrite is True
+    assert parser.parse_args(["src", "-o", "dst", "--force"]).overwrite is True
+    assert parser.parse_args(["src", "-o", "dst"]).overwrite is False
+    text = " ".join(parser.format_help().split())
+    assert "--overwrite, --force replace DST" in text and "--force is the same" in text
 
 
 def test_force_keeps_old_destination_when_conversion_fails(original, tmp_path, capsys):
@@ -586,7 +598,7 @@ def test_cli_subprocess(original, tmp_path):
     assert again.returncode == 2
     assert (
         again.stderr.strip().splitlines()[-1]
-        == f"mlxasr-convert: error: {dst} exists; use --force to replace it"
+        == f"mlxasr-convert: error: {dst} exists; use --overwrite to replace it"
     )
 
 
@@ -789,7 +801,7 @@ def test_force_replaces_only_a_checkpoint_folder(original, tmp_path, capsys):
     rc, out, err = cli(capsys, original, "-o", dst, "--bits", "8", "--force")
     assert rc == 2 and out == ""
     assert err.splitlines() == [
-        f"mlxasr-convert: error: {dst} is not a checkpoint folder (it holds notes.txt, runs/); --force "
+        f"mlxasr-convert: error: {dst} is not a checkpoint folder (it holds notes.txt, runs/); --overwrite "
         "replaces only a checkpoint folder (config.json, safetensors, tokenizer files): choose another "
         "destination"
     ]

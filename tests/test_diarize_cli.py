@@ -276,6 +276,10 @@ def test_rttm_alone_diarizes_and_keeps_the_naming_and_no_clobber_rules(
         (["--diarize", "--speaker-names", "<b>"], "subtitles cannot show as a name"),
         (["--diarize", "--speaker-format", "[{name}] "], "does not hold {speaker}"),
         (["--diarize", "--speaker-format", "{speaker} {0}"], "is no template"),
+        (
+            ["--diarize", "--speaker-names", ",".join(f"P{i}" for i in range(101))],
+            "argument --speaker-names: 101 names, more than the 100 speakers a file can have",
+        ),
     ],
 )
 def test_speaker_options_are_checked_before_anything_loads(

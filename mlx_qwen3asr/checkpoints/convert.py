@@ -392,12 +392,12 @@ def _check_replaceable(dst: Path) -> None:
         foreign = foreign_entries(dst)
     except OSError as e:
         raise ConvertError(
-            f"cannot read {dst} ({_reason(e)}); --force replaces only a checkpoint folder"
+            f"cannot read {dst} ({_reason(e)}); --overwrite replaces only a checkpoint folder"
         ) from None
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise ConvertError(
-            f"{dst} is not a checkpoint folder (it holds {shown}); --force replaces only a checkpoint "
+            f"{dst} is not a checkpoint folder (it holds {shown}); --overwrite replaces only a checkpoint "
             "folder (config.json, safetensors, tokenizer files): choose another destination"
         )
 
@@ -410,7 +410,7 @@ def check_destination(dst: Path, force: bool) -> None:
             "such as ./qwen3-asr-4bit"
         )
     if _exists(dst) and not force:
-        raise ConvertError(f"{dst} exists; use --force to replace it")
+        raise ConvertError(f"{dst} exists; use --overwrite to replace it")
     if _exists(dst) and not dst.is_dir():
         raise ConvertError(f"{dst} exists and is not a directory; remove it first")
     if _exists(dst):
@@ -510,7 +510,7 @@ def _install(tmp: Path, dst: Path, force: bool) -> None:
         os.rename(tmp, dst)
         return
     if not force:
-        raise ConvertError(f"{dst} exists (appeared during the conversion); use --force to replace it")
+        raise ConvertError(f"{dst} exists (appeared during the conversion); use --overwrite to replace it")
     _check_replaceable(dst)  # what it holds may have changed during the conversion
     old = _temp_folder(dst.parent, dst.name, "old")
     os.rename(dst, old)
@@ -570,7 +570,7 @@ def convert_checkpoint(
         for path in restored:
             say(f"put back {path}, which a killed conversion was replacing")
         if _exists(dst) and not force:  # one put back, or made meanwhile
-            raise ConvertError(f"{dst} exists; use --force to replace it")
+            raise ConvertError(f"{dst} exists; use --overwrite to replace it")
         tmp = _make_temp_folder(dst.parent, dst.name)
         say(f"writing {recipe.describe()} into {tmp.name}")
         files = write_weights(plan.tensors, tmp, max_shard_bytes)
