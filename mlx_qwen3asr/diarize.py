@@ -1,28 +1,35 @@
 """Who spoke when: speaker diarization with speakrs, and the speakers given to a transcript's words.
 
     diarizer = load_diarizer("models/diarizer")       # a folder with the model files; None: the hub
-    turns = diarizer(samples, DiarizeOptions(max_speakers=4))   # 16 kHz mono float32
+    turns = diarizer(samples, DiarizeOptions(max_speakers=4), speech=[(0.4, 9.8), (12.0, 30.5)])
     result = assign_speakers(result, turns, names=["Alice", "Bob"])
 
 The diarizer is speakrs (Apache-2.0), which runs pyannote's community-1 pipeline (segmentation-3.0,
 WeSpeaker ResNet34 embeddings, PLDA and VBx clustering) with its own kernels on safetensors and .npy
 files: no torch, no ONNX Runtime. It is an optional dependency (`pip install "mlx-qwen3asr[diarize]"`,
 Python 3.11 or newer), imported only when a diarizer is loaded. speakrs releases the GIL while it
-works, so a diarizer runs on a thread beside transcription.
+works, so a diarizer runs on a thread beside transcription. It runs in the platform's accelerated mode
+where the installed speakrs has one (CoreML on Apple silicon, CUDA beside an NVIDIA driver), else on
+the CPU.
 
 speakrs has no setting for the number of speakers. DiarizeOptions' counts are reached by clustering
 again with another AHC threshold (a speaker of VBx can only come from an AHC cluster, so a higher
-threshold gives no more speakers): each try is a full run. When no threshold gives a count in the
-range, the closest result is kept and its `warnings` say so.
+threshold gives no more speakers): each try is a full run, and at most _MAX_RETRIES more are made.
+When no threshold tried gives a count in the range, the closest result is kept and its `warnings` say
+so. One speaker (num_speakers or max_speakers 1) needs no run at all.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
+import os
+import platform
 import re
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +44,7 @@ __all__ = [
     "SPEAKRS_VERSION",
     "DiarizeCancelled",
     "DiarizeOptions",
+    "DiarizeProgress",
     "Diarizer",
     "DiarizerError",
     "DiarizerLoadError",
@@ -50,6 +58,8 @@ __all__ = [
     "split_at_speakers",
 ]
 
+log = logging.getLogger(__name__)
+
 # The speakrs release this is built and tested against (pyproject.toml's `diarize` extra pins it).
 SPEAKRS_VERSION = "0.7.0"
 INSTALL_COMMAND = 'pip install "mlx-qwen3asr[diarize]"'
@@ -58,9 +68,23 @@ SAMPLE_RATE = 16000
 # share of its span (for a word without duration: at its instant).
 OVERLAP_SHARE = 0.5
 # The AHC threshold's range (centroid linkage on unit-length embeddings: distances up to 2), and how
-# many more runs a speaker count may take.
+# many more runs a speaker count may take (each is a full run: speakrs cannot cluster again alone).
 _THRESHOLD_MAX = 2.0
-_MAX_RETRIES = 6
+_MAX_RETRIES = 2
+# Speech stretches are diarized joined, this much silence between two (closer ones are one stretch).
+_JOIN_GAP = 0.5
+# speakrs's segmentation looks at 10 s windows, one every second: a run's work is its window count.
+_WINDOW, _STEP = 10.0, 1.0
+# Seconds of compute per window (per audio second, beyond the first window) before a run has been
+# timed: speakrs's CPU mode on the random `diarizer` preset, which marks speech everywhere (its most
+# work), on a 2-core x86_64 machine: 0.83 with both cores free, 0.9 to 1.3 while they are shared.
+_PRIOR_SPEED = 1.0
+# The weight a timed run keeps when the next is timed (the speed follows the latest runs).
+_SPEED_DECAY = 0.5
+# The shortest embedding input the real models take is a few hundred samples; beyond a window
+# (10 s) no window would ever get an embedding.
+_MIN_SAMPLES_RANGE = (1, int(_WINDOW * SAMPLE_RATE))
+_MIN_SAMPLES_FILE = "wespeaker-voxceleb-resnet34.min_num_samples.txt"
 
 
 class DiarizerError(Exception):
@@ -101,6 +125,24 @@ class Turns(list):
         return len({t.speaker for t in self})
 
 
+@dataclass(frozen=True)
+class DiarizeProgress:
+    """Where a diarizer call stands (Diarizer.progress()).
+
+    audio_seconds: the speech this call diarizes; elapsed: seconds since it started; fraction (0..1,
+    below 1 until the call returns) and seconds_left: estimated from the elapsed time and the speed of
+    the diarizer's timed runs, counting every run the speaker-count search may still make; attempt: the
+    run in progress (1-based); attempts: the most runs this call may take (1 without a count search).
+    """
+
+    audio_seconds: float
+    elapsed: float
+    fraction: float
+    seconds_left: float
+    attempt: int
+    attempts: int
+
+
 def _count(value: Any, name: str) -> int | None:
     if value is None:
         return None
@@ -135,8 +177,23 @@ class DiarizeOptions:
         return self.min_speakers or 1, math.inf if self.max_speakers is None else self.max_speakers
 
 
+def _wanted(low: int, high: float) -> str:
+    """A count range in words: "2 speakers", "at most 1 speaker", "at least 3 speakers", "2 to 4 speakers"."""
+
+    def speakers(n: float) -> str:
+        return f"{int(n)} speaker" + ("" if n == 1 else "s")
+
+    if low == high:
+        return speakers(low)
+    if high == math.inf:
+        return f"at least {speakers(low)}"
+    if low <= 1:
+        return f"at most {speakers(high)}"
+    return f"{low} to {speakers(high)}"
+
+
 # --------------------------------------------------------------------------------------------------
-# The library
+# The library and its execution mode
 # --------------------------------------------------------------------------------------------------
 
 
@@ -161,18 +218,98 @@ def _reason(error: BaseException) -> str:
     return " ".join(str(message).split())
 
 
-def _load_from_folder(speakrs: Any, folder: Path, mode: str) -> Any:
+def _nvidia_driver() -> bool:
+    """Whether an NVIDIA driver is loaded on this machine (Linux)."""
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def _available(speakrs: Any) -> list[str]:
+    try:
+        return [str(m) for m in speakrs.available_modes()]
+    except Exception:  # an older build without it: the CPU mode only
+        return ["CPU"]
+
+
+def _auto_mode(speakrs: Any) -> str:
+    """The mode the platform runs fastest that this speakrs build has: CoreML on macOS arm64, CUDA on
+    Linux beside an NVIDIA driver, else the CPU."""
+    modes = {m.lower(): m for m in _available(speakrs)}
+    if sys.platform == "darwin" and platform.machine() == "arm64" and "coreml" in modes:
+        return modes["coreml"]
+    if sys.platform.startswith("linux") and "cuda" in modes and _nvidia_driver():
+        return modes["cuda"]
+    return "CPU"
+
+
+def _is_cpu(mode: str) -> bool:
+    return str(mode).lower() == "cpu"
+
+
+def _check_folder(speakrs: Any, folder: Path, mode: str) -> None:
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise DiarizerLoadError(f"diarizer folder {folder} {what}")
     required = list(speakrs.required_model_files(mode))
-    missing = [name for name in required if not (folder / name).is_file()]
+    missing = [name for name in required if not (folder / name).exists()]
     if missing:
         more = (
             f" (and {len(missing) - 1} more of its {len(required)} model files)" if len(missing) > 1 else ""
         )
-        raise DiarizerLoadError(f"diarizer folder {folder} lacks {missing[0]}{more}")
-    return speakrs.prepare(mode, model_dir=folder)
+        which = "" if _is_cpu(mode) else f" for speakrs's {mode} mode"
+        raise DiarizerLoadError(f"diarizer folder {folder} lacks {missing[0]}{more}{which}")
+
+
+def _check_values(folder: Path, names: Sequence[str]) -> None:
+    """Refuse, in one line naming the file, weights that are not finite numbers and a shortest embedding
+    input out of range: speakrs loads both silently (and then finds speakers everywhere, or none)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                arrays = list(load_file(str(path)).values())
+            elif name.endswith(".npy"):
+                arrays = [np.load(path, allow_pickle=False)]
+            elif name == _MIN_SAMPLES_FILE:
+                _check_min_samples(path)
+                continue
+            else:
+                continue
+        except (OSError, ValueError, SafetensorError):
+            continue  # unreadable: speakrs says why, naming it
+        for array in arrays:
+            if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                raise DiarizerLoadError(
+                    f"diarizer folder {folder}: {name} holds weights that are not finite numbers"
+                )
+
+
+def _check_min_samples(path: Path) -> None:
+    low, high = _MIN_SAMPLES_RANGE
+    text = path.read_text(errors="replace").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        raise DiarizerLoadError(
+            f"diarizer folder {path.parent}: {path.name} holds {shown!r}, not a sample count from {low} "
+            f"to {high} (the shortest input of the speaker embedding)"
+        )
+
+
+def _load_from_folder(speakrs: Any, folder: Path, mode: str) -> Any:
+    _check_folder(speakrs, folder, mode)
+    _check_values(folder, list(speakrs.required_model_files(mode)))
+    try:
+        return speakrs.Pipeline.from_prepared(speakrs.prepare(mode, model_dir=folder))
+    except speakrs.SpeakrsError as e:
+        raise DiarizerLoadError(f"cannot load the diarization models in {folder}: {_reason(e)}") from e
 
 
 def _prepare_from_hub(speakrs: Any, mode: str) -> Any:
@@ -187,7 +324,7 @@ def _prepare_from_hub(speakrs: Any, mode: str) -> Any:
             cached = []
         for entry in cached:
             if entry.revision == speakrs.DEFAULT_MODEL_REVISION and all(
-                (Path(entry.path) / name).is_file() for name in required
+                (Path(entry.path) / name).exists() for name in required
             ):
                 return speakrs.prepare(mode, model_dir=entry.path)
         raise DiarizerLoadError(
@@ -197,40 +334,100 @@ def _prepare_from_hub(speakrs: Any, mode: str) -> Any:
         ) from e
 
 
-def load_diarizer(path: str | Path | None = None, *, mode: str = "cpu") -> Diarizer:
+def _load_from_hub(speakrs: Any, mode: str) -> tuple[Any, str]:
+    prepared = _prepare_from_hub(speakrs, mode)
+    folder = Path(prepared.model_dir)
+    _check_values(folder, list(speakrs.required_model_files(mode)))
+    try:
+        pipeline = speakrs.Pipeline.from_prepared(prepared)
+    except speakrs.SpeakrsError as e:
+        raise DiarizerLoadError(f"cannot load the diarization models in {folder}: {_reason(e)}") from e
+    revision = prepared.revision or speakrs.DEFAULT_MODEL_REVISION
+    return pipeline, f"{speakrs.DEFAULT_MODEL_REPOSITORY}@{revision}"
+
+
+def load_diarizer(path: str | Path | None = None, *, mode: str | None = None) -> Diarizer:
     """The diarizer, its models loaded.
 
-    path: a folder holding the model files of `mode` (for "cpu": segmentation-3.0.safetensors,
+    path: a folder holding the model files of its mode (for the CPU mode: segmentation-3.0.safetensors,
     wespeaker-multimask-tail.safetensors, wespeaker-voxceleb-resnet34.min_num_samples.txt and six
     plda_*.npy; `tools/make_checkpoint.py --preset diarizer` writes them with random weights). None:
     speakrs downloads them from the hub (avencera/speakrs-models) into its cache (SPEAKRS_CACHE_DIR,
     else the Hugging Face cache) on first use.
-    mode: speakrs's execution mode ("cpu"; "coreml" on macOS and "cuda" on Linux where this build has them).
+    mode: speakrs's execution mode ("CPU"; "CoreML" on macOS, "CUDA" on Linux, where this build has
+    them: speakrs.available_modes()). None: the platform's accelerated mode where this build has it
+    (CoreML on macOS arm64; CUDA on Linux with an NVIDIA driver), else the CPU; an accelerated mode that
+    does not load (its model files missing, the library refusing) falls back to the CPU, saying so in
+    one log line. The diarizer's `mode` says which runs.
 
-    Raises DiarizerUnavailable without speakrs, DiarizerLoadError for a bad folder, unreadable models
-    or the hub out of reach (each one line).
+    Raises DiarizerUnavailable without speakrs, DiarizerLoadError for a bad folder, unreadable or
+    non-finite models or the hub out of reach (each one line).
     """
     speakrs = _speakrs()
-    if path is not None:
-        folder = Path(path).expanduser()
+    folder = None if path is None else Path(path).expanduser()
+    if mode is None:
+        chosen = _auto_mode(speakrs)
+    else:  # speakrs's own spelling of it, when it has the mode
+        chosen = {m.lower(): m for m in _available(speakrs)}.get(str(mode).lower(), str(mode))
+    if mode is None and not _is_cpu(chosen):
         try:
-            prepared = _load_from_folder(speakrs, folder, mode)
-            pipeline = speakrs.Pipeline.from_prepared(prepared)
-        except speakrs.SpeakrsError as e:
-            raise DiarizerLoadError(f"cannot load the diarization models in {folder}: {_reason(e)}") from e
-        return Diarizer(pipeline, speakrs, str(folder))
-    prepared = _prepare_from_hub(speakrs, mode)
-    try:
-        pipeline = speakrs.Pipeline.from_prepared(prepared)
-    except speakrs.SpeakrsError as e:
-        raise DiarizerLoadError(
-            f"cannot load the diarization models in {prepared.model_dir}: {_reason(e)}"
-        ) from e
-    return Diarizer(
-        pipeline,
-        speakrs,
-        f"{speakrs.DEFAULT_MODEL_REPOSITORY}@{prepared.revision or speakrs.DEFAULT_MODEL_REVISION}",
-    )
+            return _load(speakrs, folder, chosen)
+        except DiarizerLoadError as e:
+            if folder is not None and not folder.is_dir():
+                raise
+            log.warning("diarizer: speakrs's %s mode did not load (%s); running on the CPU", chosen, e)
+            chosen = "CPU"
+    return _load(speakrs, folder, chosen)
+
+
+def _load(speakrs: Any, folder: Path | None, mode: str) -> Diarizer:
+    if folder is not None:
+        return Diarizer(_load_from_folder(speakrs, folder, mode), speakrs, str(folder), mode=mode)
+    pipeline, source = _load_from_hub(speakrs, mode)
+    return Diarizer(pipeline, speakrs, source, mode=mode)
+
+
+def _windows(seconds: float) -> float:
+    """A run's work, in segmentation windows, for this much audio (0 for none)."""
+    if seconds <= 0:
+        return 0.0
+    return 1.0 + max(0.0, seconds - _WINDOW) / _STEP
+
+
+def _joined(
+    samples: np.ndarray, speech: Sequence[Sequence[float]]
+) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """The speech stretches of samples, joined with _JOIN_GAP of silence between them, and the pieces:
+    (start, end in samples, start in the joined samples). Stretches are clipped to the audio, sorted,
+    and merged where less than the gap apart."""
+    size = samples.size
+    spans = []
+    for item in speech:
+        start, end = (float(v) for v in item)
+        if not (math.isfinite(start) and math.isfinite(end)):
+            raise ValueError(f"speech holds a stretch that is not finite: {tuple(item)!r}")
+        a = min(max(int(round(start * SAMPLE_RATE)), 0), size)
+        b = min(max(int(round(end * SAMPLE_RATE)), 0), size)
+        if b > a:
+            spans.append((a, b))
+    gap = int(_JOIN_GAP * SAMPLE_RATE)
+    merged: list[list[int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    pieces, parts, at = [], [], 0
+    silence = np.zeros(gap, np.float32)
+    for k, (a, b) in enumerate(merged):
+        if k:
+            parts.append(silence)
+            at += gap
+        pieces.append((a, b, at))
+        parts.append(samples[a:b])
+        at += b - a
+    joined = np.concatenate(parts) if parts else samples[:0]
+    return np.ascontiguousarray(joined), pieces
 
 
 class Diarizer:
@@ -238,25 +435,61 @@ class Diarizer:
 
     One call runs at a time (others wait); the library releases the GIL while it works, so other
     threads (transcription) go on. cancel() stops the call in progress at the library's next stage
-    boundary (it raises DiarizeCancelled); Ctrl-C in the calling thread does the same.
+    boundary (it raises DiarizeCancelled); Ctrl-C in the calling thread does the same. progress() tells
+    how far the call in progress is, estimate() what a call would cost, both from the speed of the runs
+    timed so far.
     """
 
-    def __init__(self, pipeline: Any, speakrs: Any, source: str) -> None:
+    def __init__(self, pipeline: Any, speakrs: Any, source: str, *, mode: str = "CPU") -> None:
         self._pipeline = pipeline
         self._speakrs = speakrs
         self.source = source  # the model folder, or the hub repository and revision
+        self.mode = mode  # speakrs's execution mode: "CPU", "CoreML", "CUDA"
         self._lock = threading.Lock()
         self._token: Any = None
         self._token_lock = threading.Lock()
+        # Timed runs: seconds and windows, the older ones weighing less.
+        self._spent = 0.0
+        self._worked = 0.0
+        # The call in progress: (started, audio seconds, windows, attempt, attempts, run started).
+        self._call: tuple[float, float, float, int, int, float] | None = None
 
     def __repr__(self) -> str:
-        return f"Diarizer({self.source!r})"
+        return f"Diarizer({self.source!r}, mode={self.mode!r})"
 
     def cancel(self) -> None:
         """Stop the call in progress, if any (it raises DiarizeCancelled); later calls run as usual."""
         with self._token_lock:
             if self._token is not None:
                 self._token.cancel()
+
+    @property
+    def speed(self) -> float:
+        """Seconds of compute per segmentation window (about one per audio second): the timed runs',
+        else a prior measured on a small CPU."""
+        with self._token_lock:
+            return self._spent / self._worked if self._worked > 0 else _PRIOR_SPEED
+
+    def estimate(self, audio_seconds: float) -> float:
+        """Expected seconds of compute to diarize this much audio (one run), at the measured speed."""
+        return self.speed * _windows(float(audio_seconds))
+
+    def progress(self) -> DiarizeProgress | None:
+        """Where the call in progress stands, None when none runs. Cheap, from any thread."""
+        with self._token_lock:
+            call = self._call
+        if call is None:
+            return None
+        started, audio, windows, attempt, attempts, run_started = call
+        now = time.monotonic()
+        expected = max(self.speed * windows, 1e-3)
+        spent = now - run_started
+        # This run's time left: as estimated, then (past 90% of the estimate) less and less, never 0.
+        left = expected - spent if spent <= 0.9 * expected else 0.01 * expected**2 / (spent - 0.8 * expected)
+        left += (attempts - attempt) * expected
+        elapsed = now - started
+        fraction = elapsed / (elapsed + left) if elapsed + left > 0 else 0.0
+        return DiarizeProgress(audio, elapsed, min(fraction, 0.999), left, attempt, attempts)
 
     def _config(self, threshold: float | None) -> Any:
         if threshold is None:
@@ -276,7 +509,11 @@ class Diarizer:
             smoothing_epsilon=base.smoothing_epsilon,
         )
 
-    def _run(self, samples: np.ndarray, threshold: float | None, token: Any) -> list[Turn]:
+    def _run(self, samples: np.ndarray, threshold: float | None, token: Any, attempt: int) -> list[tuple]:
+        with self._token_lock:
+            if self._call is not None:
+                self._call = (*self._call[:3], attempt, self._call[4], time.monotonic())
+        began = time.perf_counter()
         try:
             result = self._pipeline.diarize_samples(
                 samples, pipeline_config=self._config(threshold), cancel_token=token
@@ -285,48 +522,82 @@ class Diarizer:
             if getattr(e, "category", None) == "cancelled":
                 raise DiarizeCancelled("diarization was cancelled") from e
             raise DiarizerError(f"diarization failed: {_reason(e)}") from e
-        return _turns(result.segments, len(samples) / SAMPLE_RATE)
+        took = time.perf_counter() - began
+        with self._token_lock:
+            self._spent = _SPEED_DECAY * self._spent + took
+            self._worked = _SPEED_DECAY * self._worked + _windows(samples.size / SAMPLE_RATE)
+        return _spans(result.segments, samples.size / SAMPLE_RATE)
 
-    def __call__(self, samples: np.ndarray, options: DiarizeOptions = DiarizeOptions()) -> Turns:
-        """The speaker turns of 16 kHz mono audio, in time order, numbered by first appearance."""
+    def __call__(
+        self,
+        samples: np.ndarray,
+        options: DiarizeOptions = DiarizeOptions(),
+        *,
+        speech: Sequence[Sequence[float]] | None = None,
+    ) -> Turns:
+        """The speaker turns of 16 kHz mono audio, in time order, numbered by first appearance.
+
+        speech: the (start, end) stretches, in seconds, that hold speech (speech detection's); only
+        those are diarized, and no turn reaches outside them. Empty: no turns, at no cost. None: all
+        the audio. One speaker asked for (num_speakers or max_speakers 1): speaker 0 over the speech
+        (or the whole audio), without running the library.
+        """
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         if samples.ndim != 1:
             raise ValueError(f"samples must be mono (1-D), got shape {samples.shape}")
         if not np.isfinite(samples).all():
             raise ValueError("samples hold values that are not finite numbers")
-        if samples.size == 0:
+        if speech is None:
+            audio, pieces = samples, [(0, samples.size, 0)]
+        else:
+            audio, pieces = _joined(samples, speech)
+        if audio.size == 0:
             return Turns()
+        low, high = options.bounds
+        if high == 1:
+            return Turns(
+                _turns([(at / SAMPLE_RATE, (at + b - a) / SAMPLE_RATE, "one") for a, b, at in pieces], pieces)
+            )
+        speech_seconds = sum(b - a for a, b, _ in pieces) / SAMPLE_RATE
+        attempts = 1 if (low, high) == (1, math.inf) else 1 + _MAX_RETRIES
         with self._lock:
             token = self._speakrs.CancelToken()
+            now = time.monotonic()
             with self._token_lock:
                 self._token = token
+                self._call = (now, speech_seconds, _windows(audio.size / SAMPLE_RATE), 1, attempts, now)
             try:
-                return self._search(samples, options, token)
+                spans, warnings = self._search(audio, options, token)
             finally:
                 with self._token_lock:
                     self._token = None
+                    self._call = None
+        return Turns(_turns(spans, pieces), warnings)
 
-    def _search(self, samples: np.ndarray, options: DiarizeOptions, token: Any) -> Turns:
+    def _search(
+        self, samples: np.ndarray, options: DiarizeOptions, token: Any
+    ) -> tuple[list[tuple], list[str]]:
         low, high = options.bounds
-        turns = self._run(samples, None, token)
-        found = _speaker_count(turns)
-        if low <= found <= high or not turns:
-            return Turns(turns)
-        # Another AHC threshold: higher for fewer speakers, lower for more. The count falls as the
-        # threshold rises, so the threshold nearest the default that gives a count in range is bisected
-        # for, starting from the far end; the aim is the count in range nearest the one found.
+        spans = self._run(samples, None, token, 1)
+        found = _speaker_count(spans)
+        if low <= found <= high or not spans:
+            return spans, []
+        # Another AHC threshold: higher for fewer speakers, lower for more; the count falls as the
+        # threshold rises. The far end of the range goes first: if it gives no count nearer the range,
+        # no threshold does. Else the threshold between it and the default is bisected for, the aim
+        # being the count in range nearest the one found.
         default = float(self._pipeline.pipeline_config.clustering.ahc.threshold)
         fewer = found > high
         target = int(high) if fewer else low
-        best, best_score = turns, (_miss(found, low, high), abs(found - target))
+        best, best_score = spans, (_miss(found, low, high), abs(found - target))
         lo, hi = (default, _THRESHOLD_MAX) if fewer else (0.0, default)
         threshold = hi if fewer else lo
-        for _ in range(_MAX_RETRIES):
-            turns = self._run(samples, threshold, token)
-            count = _speaker_count(turns)
+        for attempt in range(2, 2 + _MAX_RETRIES):
+            spans = self._run(samples, threshold, token, attempt)
+            count = _speaker_count(spans)
             score = (_miss(count, low, high), abs(count - target))
             if score < best_score:
-                best, best_score = turns, score
+                best, best_score = spans, score
             if count == target:
                 break
             if count > target:
@@ -336,43 +607,53 @@ class Diarizer:
             if hi - lo < 1e-3:
                 break
             threshold = (lo + hi) / 2
-        best_miss = best_score[0]
         warnings = []
-        if best_miss:
-            if low == high:
-                wanted = f"{low} speaker" + ("s" if low > 1 else "")
-            elif high == math.inf:
-                wanted = f"at least {low} speakers"
-            else:
-                wanted = f"{low} to {int(high)} speakers"
+        if best_score[0]:
             warnings.append(
-                f"asked for {wanted}, the clustering found {_speaker_count(best)} at every threshold tried"
+                f"asked for {_wanted(low, high)}, the clustering found {_speaker_count(best)} at every "
+                "threshold tried"
             )
-        return Turns(best, warnings)
+        return best, warnings
 
 
-def _speaker_count(turns: Sequence[Turn]) -> int:
-    return len({t.speaker for t in turns})
+def _speaker_count(spans: Sequence[tuple[float, float, str]]) -> int:
+    return len({label for _, _, label in spans})
 
 
 def _miss(count: int, low: int, high: float) -> float:
     return low - count if count < low else count - high if count > high else 0
 
 
-def _turns(segments: Sequence[Any], duration: float) -> list[Turn]:
-    """The library's segments as Turns: within the audio (it pads the last window), in milliseconds,
-    speakers renumbered by first appearance."""
+def _spans(segments: Sequence[Any], duration: float) -> list[tuple[float, float, str]]:
+    """The library's segments as (start, end, label), within the audio (it pads the last window)."""
     spans = []
     for seg in segments:
-        start = round(min(max(float(seg.start), 0.0), duration), 3)
-        end = round(min(max(float(seg.end), 0.0), duration), 3)
+        start = min(max(float(seg.start), 0.0), duration)
+        end = min(max(float(seg.end), 0.0), duration)
         if end > start:
             spans.append((start, end, str(seg.speaker)))
-    spans.sort(key=lambda s: (s[0], s[1], s[2]))
+    return spans
+
+
+def _turns(spans: Sequence[tuple[float, float, str]], pieces: Sequence[tuple[int, int, int]]) -> list[Turn]:
+    """Spans of the joined audio as Turns of the original: cut at the joins (a span over a gap gives a
+    turn on each side, none in the gap), moved to their place, in milliseconds (none of zero length),
+    in time order, speakers renumbered by first appearance."""
+    out = []
+    for start, end, label in spans:
+        for a, b, at in pieces:
+            lo, hi = at / SAMPLE_RATE, (at + b - a) / SAMPLE_RATE
+            s, e = max(start, lo), min(end, hi)
+            if e > s:
+                shift = (a - at) / SAMPLE_RATE
+                s, e = round(s + shift, 3), round(e + shift, 3)
+                if e > s:
+                    out.append((s, e, label))
+    out.sort(key=lambda s: (s[0], s[1], s[2]))
     numbers: dict[str, int] = {}
-    for _, _, label in spans:
+    for _, _, label in out:
         numbers.setdefault(label, len(numbers))
-    return [Turn(start, end, numbers[label]) for start, end, label in spans]
+    return [Turn(start, end, numbers[label]) for start, end, label in out]
 
 
 # --------------------------------------------------------------------------------------------------
