@@ -60,6 +60,11 @@ commands (each with its own --help):
   A first argument align, convert, live or serve always names the command: to transcribe a
   file or folder of that name, write it as ./serve (./align, ./convert, ./live).
 
+standard input:
+  PATH - reads audio from standard input (ffmpeg ... -f wav - | mlxasr - --srt): without -o its one
+  format's text goes to standard output; with -o it is written as DIR/stdin.<format>, the only way
+  to give - with other PATHs.
+
 examples:
   mlxasr ./recordings --srt
   mlxasr talk.m4a interview.wav -f srt,vtt,json -o subtitles/
@@ -106,60 +111,69 @@ class _CueOption(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The mlxasr argument parser."""
+    # The first screen of --help holds what most runs use; the other groups follow, each titled.
     p = argparse.ArgumentParser(
         prog="mlxasr",
+        usage="%(prog)s [options] PATH [PATH ...]\n       %(prog)s {align,convert,live,serve} ... (see below)",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
-    p.add_argument(
+    common = p.add_argument_group("common options (without a format option, a .txt transcript is written)")
+    common.add_argument(
         "paths",
         nargs="+",
         metavar="PATH",
-        help=f"audio or video files and folders; {STDIN} reads audio from standard input (e.g. "
-        f"ffmpeg ... -f wav - | mlxasr {STDIN} --srt): without -o its one format's text goes to standard "
-        f"output, with -o it is written as DIR/stdin.<format>, the only way to give {STDIN} with other PATHs",
+        help=f"audio or video files and folders; {STDIN} reads audio from standard input (see 'standard "
+        "input' below)",
     )
+    common.add_argument("-h", "--help", action="help", help="show this help and exit")
     p.set_defaults(cue_options_given=[])
-
-    out = p.add_argument_group("output (without a format option, a .txt transcript is written)")
     add_formats(
-        out,
+        common,
         {
             "txt": "plain-text transcript, one paragraph per segment",
             "srt": "SubRip subtitles",
             "vtt": "WebVTT subtitles",
             "json": "text, language, segments with flags, cues, model and options",
-            "rttm": "who spoke when, in RTTM as diarization tools write it (turns on --diarize)",
+            "rttm": "who spoke when, in RTTM (turns on --diarize)",
         },
     )
-    out.add_argument(
+    common.add_argument(
         "-o",
         "--output-dir",
         type=Path,
         metavar="DIR",
-        help="write outputs under DIR: a folder argument as DIR/<its name>/<its tree>, a file argument at the top "
-        "(default: beside inputs)",
+        help="write outputs under DIR, folders mirrored (default: beside the inputs)",
     )
-    out.add_argument(
+    common.add_argument(
         "--overwrite",
         action="store_true",
-        help="transcribe every file and replace its existing outputs (without it, existing outputs are kept)",
+        help="replace existing outputs (default: keep them, skip done files)",
     )
+    model = p.add_argument_group("model and word timing")
+    add_model(common, dtype_group=model)
+    common.add_argument(
+        "--language",
+        metavar="L",
+        help="force the language, by name or code (English, en, zh, ...); default: detect per segment",
+    )
+    talk = common.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    talk.add_argument(
+        "-v", "--verbose", action="store_true", help="print each segment's text as it is recognised"
+    )
+    common.add_argument("--version", action="version", version=f"mlxasr {__version__}")
+
+    out = p.add_argument_group("more output")
     out.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
 
-    model = p.add_argument_group("model")
-    add_model(model)
     add_word_timing(model)
 
     add_diarization(p.add_argument_group("speakers (who said what)"))
 
     rec = p.add_argument_group("recognition")
-    rec.add_argument(
-        "--language",
-        metavar="L",
-        help="force the language, by name or code (English, en, zh, ...); default: detect per segment",
-    )
     ctx = rec.add_mutually_exclusive_group()
     ctx.add_argument(
         "--context",
@@ -180,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_speech_detection(rec)
     add_batch_size(rec, "from one long file or from several files", f", at most {tuning().max_batch}")
 
-    cues = p.add_argument_group("subtitle cues (only SRT and VTT are cut into cues; ignored without them)")
+    cues = p.add_argument_group("subtitle cues (SRT and VTT only; an error without them)")
     defaults = CueOptions()
     cues.add_argument(
         "--max-line-width",
@@ -257,11 +271,4 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"reading speed a cue keeps to where the text allows ({span(CPS_RANGE)}; default: {defaults.max_cps:g})",
     )
-
-    talk = p.add_mutually_exclusive_group()
-    talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    talk.add_argument(
-        "-v", "--verbose", action="store_true", help="print each segment's text as it is recognised"
-    )
-    p.add_argument("--version", action="version", version=f"mlxasr {__version__}")
     return p

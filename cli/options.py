@@ -98,15 +98,16 @@ def span(limits: tuple[float, float]) -> str:
     return f"{limits[0]:g} to {limits[1]:g}"
 
 
-def add_model(group) -> None:
-    """--model and --dtype, as the commands that load a speech model take them."""
+def add_model(group, dtype_group=None) -> None:
+    """--model and --dtype (in dtype_group where given), as the commands that load a speech model take
+    them."""
     group.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV) or DEFAULT_MODEL,
         metavar="M",
         help=f"checkpoint folder or Hugging Face repo id (default: ${MODEL_ENV} or {DEFAULT_MODEL})",
     )
-    add_dtype(group)
+    add_dtype(group if dtype_group is None else dtype_group)
 
 
 def add_word_timing(group) -> None:

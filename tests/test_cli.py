@@ -455,6 +455,41 @@ def test_bad_model_fails_fast_with_one_message(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-model", "x.wav"]
 
 
+def test_the_first_screen_of_help_shows_the_common_options(capsys, monkeypatch):
+    """--help starts with a short usage and the options most runs use, all within the first 40 lines of
+    an 80-column terminal; the rest follows in titled groups."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = "\n".join(lines[:40])
+    for shown in (
+        "PATH",
+        "--txt",
+        "--srt",
+        "--vtt",
+        "--json",
+        "-o DIR",
+        "--overwrite",
+        "--model",
+        "--language",
+    ):
+        assert shown in first, shown
+    assert "-q, --quiet" in first and "-v, --verbose" in first
+    assert lines[0] == "usage: mlxasr [options] PATH [PATH ...]"
+    rest = "\n".join(lines[40:])
+    for later in ("--max-line-width", "--num-speakers", "--vad-threshold", "--batch-size", "--context"):
+        assert later not in first and later in rest, later
+    titles = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles[:6] == [
+        "common options (without a format option, a .txt transcript is written):",
+        "model and word timing:",
+        "more output:",
+        "speakers (who said what):",
+        "recognition:",
+        "subtitle cues (SRT and VTT only; an error without them):",
+    ], titles
+
+
 def test_help_and_version(capsys):
     assert main(["--no-vad", "--version"]) == 0
     assert capsys.readouterr().out.startswith("mlxasr ")
