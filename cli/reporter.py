@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlx_qwen3asr.cli.bar import FittedProgress
+from mlx_qwen3asr.cli.stdio import problem_line
 from mlx_qwen3asr.outputs.cue_types import format_timestamp
 from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.runtime.backend import tuning
@@ -145,8 +146,10 @@ class Reporter:
     """Progress and messages: a rich progress bar on a terminal, plain log lines otherwise,
     nothing but errors when quiet. Errors and warnings go to stderr."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, quiet: bool = False, verbose: bool = False) -> None:
-        self.out, self.err = out, err
+    def __init__(
+        self, out: TextIO, err: TextIO, *, quiet: bool = False, verbose: bool = False, prog: str = "mlxasr"
+    ) -> None:
+        self.out, self.err, self.prog = out, err, prog
         self.quiet, self.verbose = quiet, verbose
         self.console = Console(file=out, highlight=False, soft_wrap=True)
         self.rich = not quiet and self.console.is_terminal
@@ -192,7 +195,7 @@ class Reporter:
             self.write(self.out, line)
 
     def _problem(self, kind: str, line: str, style: str) -> None:
-        line = f"{kind}: {line}"
+        line = problem_line(self.prog, kind, line)
         if self._progress is not None and self.err.isatty():
             # Same terminal: print above the live bar instead of tearing through it.
             self._progress.console.print(Text(printable(line), style=style))

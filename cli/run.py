@@ -50,7 +50,7 @@ from mlx_qwen3asr.cli.plan import (
 )
 from mlx_qwen3asr.cli.reporter import Reporter, Summary, printable
 from mlx_qwen3asr.cli.signals import Terminated
-from mlx_qwen3asr.cli.stdio import STDIN, STDIN_NAME, StdinInput, spill_stdin, stdin_problem
+from mlx_qwen3asr.cli.stdio import STDIN, STDIN_NAME, StdinInput, problem_line, spill_stdin, stdin_problem
 from mlx_qwen3asr.outputs.cue_types import CueOptions
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
@@ -128,7 +128,7 @@ def _run(
     try:
         diarization = check_diarization(parser, args)
     except Unavailable as e:  # before anything is planned or loaded
-        print(f"error: {printable(one_line(str(e)))}", file=err)
+        print(problem_line("mlxasr", "error", printable(one_line(str(e)))), file=err)
         return EXIT_USAGE
     if args.highlight_words and subtitles and not args.word_timestamps:
         parser.error("argument --highlight-words: needs word timing, which --no-word-timestamps turns off")

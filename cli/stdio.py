@@ -19,6 +19,7 @@ __all__ = [
     "Say",
     "StdinInput",
     "open_closed_standard_streams",
+    "problem_line",
     "spill_stdin",
     "stdin_problem",
 ]
@@ -108,6 +109,12 @@ class StdinInput:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def problem_line(prog: str, kind: str, text: str) -> str:
+    """An error or warning as every command prints it, as argparse prints a usage error:
+    "mlxasr: error: ...", "mlxasr align: warning: ..." (kind: "error" or "warning")."""
+    return f"{prog}: {kind}: {text}"
+
+
 class Say:
     """What a subcommand tells its user on stderr, one line each, prefixed with its name: information
     (not when quiet), warnings and errors."""
@@ -123,7 +130,7 @@ class Say:
             self._line(one_line(line))
 
     def warning(self, line: str) -> None:
-        self._line(f"warning: {one_line(line)}")
+        print(problem_line(self.prog, "warning", one_line(line)), file=sys.stderr, flush=True)
 
     def error(self, line: str, label: str = "error: ") -> None:
         self._line(f"{label}{one_line(line)}")

@@ -193,13 +193,13 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
     assert len(doc["segments"]) >= 2 and doc["options"]["max_segment_seconds"] == 4.0
     assert doc["model"] == ckpt and doc["source"] == str(Path("good/nested/deeper/ünïcödé 音声.flac"))
 
-    errors = [line for line in cap.err.splitlines() if line.startswith("error:")]
+    errors = [line for line in cap.err.splitlines() if line.startswith("mlxasr: error:")]
     assert sorted(errors) == sorted(
         [
-            f"error: {bad['corrupt']}: " + errors_for(cap.err, bad["corrupt"]),
-            f"error: {bad['empty']}: file is empty",
-            f"error: {bad['text']}: " + errors_for(cap.err, bad["text"]),
-            f"error: {bad['zero']}: contains no audio samples",
+            f"mlxasr: error: {bad['corrupt']}: " + errors_for(cap.err, bad["corrupt"]),
+            f"mlxasr: error: {bad['empty']}: file is empty",
+            f"mlxasr: error: {bad['text']}: " + errors_for(cap.err, bad["text"]),
+            f"mlxasr: error: {bad['zero']}: contains no audio samples",
         ]
     )
     # Random format bytes: refused as no audio, or for the sample rate they happen to state.
@@ -254,7 +254,7 @@ def test_batch_with_mirrored_outputs_resume_and_overwrite(tmp_path, ckpt, capsys
 
 
 def errors_for(stderr: str, path: Path) -> str:
-    prefix = f"error: {path}: "
+    prefix = f"mlxasr: error: {path}: "
     (line,) = [line for line in stderr.splitlines() if line.startswith(prefix)]
     return line[len(prefix) :]
 
@@ -310,8 +310,8 @@ def test_unreadable_silent_and_ffmpeg_less_inputs_are_reported_and_the_batch_goe
     assert status == 1
     assert errors_for(cap.err, locked) == "permission denied"
     assert errors_for(cap.err, m4a).startswith("cannot decode .m4a without ffmpeg")
-    assert f"warning: {silent}: silent audio" in cap.err
-    assert len([line for line in cap.err.splitlines() if line.startswith("error:")]) == 2
+    assert f"mlxasr: warning: {silent}: silent audio" in cap.err
+    assert len([line for line in cap.err.splitlines() if line.startswith("mlxasr: error:")]) == 2
     assert "summary: 2 transcribed, 0 skipped, 2 failed" in cap.out
     check_outputs(tmp_path / "silent", silent=True)
     check_outputs(tmp_path / "good")
@@ -332,7 +332,7 @@ def test_quiet_verbose_and_dry_run(tmp_path, ckpt, capsys):
     cap = capsys.readouterr()
     assert cap.out == ""
     assert cap.err.splitlines() == [
-        f"error: {tmp_path / 'bad.wav'}: " + errors_for(cap.err, tmp_path / "bad.wav")
+        f"mlxasr: error: {tmp_path / 'bad.wav'}: " + errors_for(cap.err, tmp_path / "bad.wav")
     ]
 
     assert main(["--no-vad", str(src), "--verbose", "--srt", "--model", ckpt, "--overwrite"]) == 0
@@ -357,7 +357,7 @@ def test_progress_bar_and_summary_table_on_a_terminal(tmp_path, ckpt, capsys, mo
     cap = capsys.readouterr()
     assert "mlxasr summary" in cap.out and "realtime" in cap.out
     assert "\x1b[" in cap.out  # drawn for a terminal
-    assert f"error: {tmp_path / 'bad.wav'}: " in cap.err
+    assert f"mlxasr: error: {tmp_path / 'bad.wav'}: " in cap.err
     assert src.with_suffix(".srt").exists()
 
 
@@ -430,7 +430,7 @@ def test_usage_errors_exit_2_before_the_model_or_any_file_is_touched(tmp_path, c
     assert main(["--no-vad", str(src), "--quiet", "--verbose"]) == 2
     assert main(["--no-vad", str(tmp_path / "nope.wav"), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
-    assert f"error: {tmp_path / 'nope.wav'}: no such file or directory" in err
+    assert f"mlxasr: error: {tmp_path / 'nope.wav'}: no such file or directory" in err
     assert main([]) == 2
     assert loads == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.wav"]
@@ -440,7 +440,7 @@ def test_a_missing_path_among_good_ones_fails_only_itself(tmp_path, ckpt, capsys
     src = write_audio(tmp_path / "x.wav", 1.0, 1)
     assert main(["--no-vad", str(src), str(tmp_path / "nope.wav"), "--model", ckpt]) == 1
     cap = capsys.readouterr()
-    assert f"error: {tmp_path / 'nope.wav'}: no such file or directory" in cap.err
+    assert f"mlxasr: error: {tmp_path / 'nope.wav'}: no such file or directory" in cap.err
     assert (tmp_path / "x.txt").exists()
 
 
@@ -451,7 +451,7 @@ def test_bad_model_fails_fast_with_one_message(tmp_path, capsys):
     for model in (str(tmp_path / "missing-model"), str(not_a_model)):
         assert main(["--no-vad", str(src), "--srt", "--model", model]) == 2
         errors = [line for line in capsys.readouterr().err.splitlines() if line]
-        assert len(errors) == 1 and errors[0].startswith(f"error: model {model}: "), errors
+        assert len(errors) == 1 and errors[0].startswith(f"mlxasr: error: model {model}: "), errors
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-model", "x.wav"]
 
 
@@ -829,6 +829,6 @@ def test_stdin_usage_errors_and_an_empty_stream(tmp_path, ckpt):
     )
     proc = mlxasr("-", "--txt", "--model", ckpt, stdin=b"", cwd=tmp_path)
     assert proc.returncode == 1 and proc.stdout == b""
-    assert "error: stdin: nothing was written to standard input" in proc.stderr.decode()
+    assert "mlxasr: error: stdin: nothing was written to standard input" in proc.stderr.decode()
     assert "loading model" not in proc.stderr.decode()
     assert list((tmp_path / "tmp").glob("mlxasr-stdin-*")) == []

@@ -299,7 +299,7 @@ def test_a_bad_model_leaves_no_output_folder_behind(tmp_path, capsys):
         )
         == 2
     )
-    assert capsys.readouterr().err.startswith(f"error: model {tmp_path / 'no-model'}: ")
+    assert capsys.readouterr().err.startswith(f"mlxasr: error: model {tmp_path / 'no-model'}: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
 
 
@@ -450,8 +450,10 @@ def test_control_characters_in_names_are_escaped_on_every_line(tmp_path, ckpt, c
         assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text), repr(text)
     srt_shown = shown[newline][: -len(".wav")] + ".srt"
     assert f"transcribe: {shown[newline]} -> {srt_shown}" in dry.out.splitlines()
-    problems = [line for line in run.err.splitlines() if not line.startswith("warning: ")]
-    assert len(problems) == 1 and problems[0].startswith(f"error: {shown[bad]}: not an audio file"), problems
+    problems = [line for line in run.err.splitlines() if not line.startswith("mlxasr: warning: ")]
+    assert len(problems) == 1 and problems[0].startswith(f"mlxasr: error: {shown[bad]}: not an audio file"), (
+        problems
+    )
     assert f"  failed: {shown[bad]}: " in run.out
     assert any(line.startswith("[") and f"done {shown[newline]}: " in line for line in run.out.splitlines())
     assert f"  wrote {shown[escape][: -len('.wav')]}.srt" in run.out.splitlines()
@@ -491,12 +493,12 @@ def test_fifos_sockets_and_devices_are_refused_without_being_opened(tmp_path, ck
     finally:
         sock.close()
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlxasr: error:")]
     assert errors == [
-        f"error: {tmp_path / 'named.wav'}: is a FIFO, not a regular file",
-        "error: /dev/null: is a character device, not a regular file",
-        f"error: {folder / 'pipe.wav'}: is a FIFO, not a regular file",
-        f"error: {folder / 'sock.flac'}: is a socket, not a regular file",
+        f"mlxasr: error: {tmp_path / 'named.wav'}: is a FIFO, not a regular file",
+        "mlxasr: error: /dev/null: is a character device, not a regular file",
+        f"mlxasr: error: {folder / 'pipe.wav'}: is a FIFO, not a regular file",
+        f"mlxasr: error: {folder / 'sock.flac'}: is a socket, not a regular file",
     ]
     assert "summary: 1 transcribed, 0 skipped, 4 failed" in proc.stdout
     assert good.with_suffix(".txt").read_text(encoding="utf-8").strip()
@@ -508,7 +510,7 @@ def test_a_refused_input_alone_is_one_line(tmp_path, ckpt):
     os.mkfifo(fifo)
     proc = cli(str(fifo), "--model", ckpt, timeout=60)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.splitlines() == [f"error: {fifo}: is a FIFO, not a regular file"]
+    assert proc.stderr.splitlines() == [f"mlxasr: error: {fifo}: is a FIFO, not a regular file"]
 
 
 def test_estimates_never_open_a_fifo(tmp_path):
@@ -668,7 +670,7 @@ def test_out_of_range_options_are_usage_errors(tmp_path, capsys, no_model, optio
 )
 def test_the_limits_themselves_are_accepted(tmp_path, capsys, no_model, args):
     a = write_audio(tmp_path / "a.wav", 1.0, 1)
-    assert main(["--no-vad", str(a), "--dry-run", *args]) == 0
+    assert main(["--no-vad", str(a), "--dry-run", "--srt", *args]) == 0  # cue options need subtitles
     assert "dry run: 1 to transcribe" in capsys.readouterr().out
 
 
@@ -721,7 +723,7 @@ def test_transcription_warnings_are_printed_and_counted(tmp_path, ckpt, capsys, 
     monkeypatch.setattr(cli_run, "transcribe_stream", stream_with_warnings)
     assert main(["--no-vad", str(a), str(b), "--srt", "--model", ckpt]) == 0
     cap = capsys.readouterr()
-    assert lines_with(cap.err, "warning:") == [f"warning: {a}: {m}" for m in messages]
+    assert lines_with(cap.err, "mlxasr: warning:") == [f"mlxasr: warning: {a}: {m}" for m in messages]
     assert "summary: 2 transcribed, 0 skipped, 0 failed, 1 with warnings" in cap.out
     assert (tmp_path / "a.srt").is_file()
 
@@ -876,7 +878,10 @@ def test_the_json_warnings_are_the_lines_the_terminal_printed(tmp_path, ckpt, ca
         (cut, ["1 segment(s) ran into a loop or the token limit"]),
         (quiet, ["silent audio, nothing to transcribe"]),
     ):
-        printed = [line.removeprefix(f"warning: {path}: ") for line in lines_with(err, f"warning: {path}: ")]
+        printed = [
+            line.removeprefix(f"mlxasr: warning: {path}: ")
+            for line in lines_with(err, f"mlxasr: warning: {path}: ")
+        ]
         doc = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
         assert doc["warnings"] == printed
         assert [w.split(";")[0] for w in printed] == expected, printed

@@ -143,7 +143,7 @@ def test_an_unsupported_language_keeps_estimated_timing_and_says_so(
     assert doc["warnings"] == [
         "word timing is estimated for 1 segment(s): Thai is not among the aligner's languages"
     ]
-    assert f"warning: {talk}: word timing is estimated for 1 segment(s)" in err
+    assert f"mlxasr: warning: {talk}: word timing is estimated for 1 segment(s)" in err
 
 
 def test_a_named_aligner_that_does_not_load_is_a_usage_error(tmp_path, checkpoints, capsys):
@@ -154,7 +154,7 @@ def test_a_named_aligner_that_does_not_load_is_a_usage_error(tmp_path, checkpoin
         == 2
     )
     err = capsys.readouterr().err
-    assert f"error: aligner {missing}: no such directory" in err
+    assert f"mlxasr: error: aligner {missing}: no such directory" in err
     asr = str(checkpoints("tiny"))
     assert main(["--no-vad", str(talk), "--srt", "--model", asr, "--aligner", asr]) == 2
     assert "this is a Qwen3-ASR speech recognition model; word timing needs" in capsys.readouterr().err
@@ -173,8 +173,8 @@ def test_the_default_aligner_missing_means_one_warning_and_estimated_timing(
     talk = write_talk(tmp_path / "in", 3.0)
     assert main(["--no-vad", str(talk), "--srt", "--json", "--model", str(checkpoints("tiny"))]) == 0
     err = capsys.readouterr().err
-    warnings = [line for line in err.splitlines() if line.startswith("warning: default aligner")]
-    assert len(warnings) == 1 and warnings[0].startswith("warning: default aligner not cached, ")
+    warnings = [line for line in err.splitlines() if line.startswith("mlxasr: warning: default aligner")]
+    assert len(warnings) == 1 and warnings[0].startswith("mlxasr: warning: default aligner not cached, ")
     assert warnings[0].endswith(": cue times estimated; use --aligner PATH or --no-word-timestamps")
     doc = json.loads((tmp_path / "in" / "talk.json").read_text(encoding="utf-8"))
     assert doc["options"]["aligner"] is None and all(s["timing"] == "estimated" for s in doc["segments"])

@@ -152,8 +152,10 @@ def test_cli_refuses_an_over_long_context_file_before_writing(checkpoints, tmp_p
                 + ["--context-file", str(context), "-o", str(out)])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 2
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith(f"error: --context-file {context}: the context has ")
+    errors = [line for line in err.splitlines() if line.startswith("mlxasr: error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"mlxasr: error: --context-file {context}: the context has "
+    )
     assert f"the limit is {MAX_CONTEXT_TOKENS} tokens" in errors[0]
     assert not out.exists()
 
@@ -265,8 +267,8 @@ def test_cli_refuses_a_control_token_in_the_context(checkpoints, talk, tmp_path,
     err = capsys.readouterr().err
     assert rc == 2
     where = "--context" if option == "--context" else f"--context-file {value}"
-    assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        f"error: {where}: " + CONTROL.format("<|audio_pad|>")
+    assert [line for line in err.splitlines() if line.startswith("mlxasr: error:")] == [
+        f"mlxasr: error: {where}: " + CONTROL.format("<|audio_pad|>")
     ]
     assert not out.exists()
 

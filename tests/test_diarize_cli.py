@@ -306,7 +306,7 @@ def test_without_the_library_one_line_names_the_install_command_and_nothing_load
     for args in (["--diarize"], ["--diarize", "-f", "srt,json"]):
         assert main([str(talk), "--model", model, *args]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and diarizing.INSTALL in err and err.startswith("error: ")
+        assert err.count("\n") == 1 and diarizing.INSTALL in err and err.startswith("mlxasr: error: ")
     assert sorted(os.listdir(tmp_path)) == ["talk.wav"]
 
     # The library is there but cannot run (its own dependency missing): the same, when it loads, first.
@@ -319,8 +319,8 @@ def test_without_the_library_one_line_names_the_install_command_and_nothing_load
     monkeypatch.setattr(diarizing, "library", lambda: lib)
     assert main([str(talk), "--model", model, "--diarize", "--txt"]) == 2
     err = capsys.readouterr().err
-    assert [line for line in err.splitlines() if line.startswith("error")] == [
-        f"error: diarization needs a package that is not installed: {diarizing.INSTALL}"
+    assert [line for line in err.splitlines() if line.startswith("mlxasr: error")] == [
+        f"mlxasr: error: diarization needs a package that is not installed: {diarizing.INSTALL}"
     ]
     assert sorted(os.listdir(tmp_path)) == ["talk.wav"]
 
@@ -349,7 +349,7 @@ def test_without_speakrs_the_real_library_says_so_in_one_line_before_any_model_l
     monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
     talk = write(tmp_path, "talk.wav", 1.0)
     assert main([str(talk), "--model", model, "--diarize", "--srt"]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlxasr: error")]
     assert len(errors) == 1 and errors[0].endswith(diarizing.INSTALL)
     assert ("Python 3.11 or newer" in errors[0]) == (python == "3.10")
     assert sorted(os.listdir(tmp_path)) == ["talk.wav"]
@@ -378,8 +378,8 @@ def test_the_diarizer_folder_comes_from_the_option_or_the_environment(
     standin.load_diarizer = broken
     monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
     assert main([str(talk), "--model", model, "--diarize", "--overwrite", "--diarizer", "nowhere"]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
-    assert errors == ["error: diarizer nowhere: no segmentation model in it"]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlxasr: error")]
+    assert errors == ["mlxasr: error: diarizer nowhere: no segmentation model in it"]
 
 
 # --- beside transcription -------------------------------------------------------------------------
@@ -424,9 +424,9 @@ def test_a_failed_diarization_fails_its_file_alone_and_a_rerun_redoes_it(
     args = ["--no-vad", str(folder), "--model", model, "--diarize", "--json", "--txt"]
     assert main(args) == 1
     captured = capsys.readouterr()
-    errors = [line for line in captured.err.splitlines() if line.startswith("error")]
+    errors = [line for line in captured.err.splitlines() if line.startswith("mlxasr: error")]
     assert errors == [
-        f"error: {folder / 'b.wav'}: speaker diarization failed: the stand-in diarizer fails on this file"
+        f"mlxasr: error: {folder / 'b.wav'}: speaker diarization failed: the stand-in diarizer fails on this file"
     ]
     assert sorted(os.listdir(folder)) == ["a.json", "a.txt", "a.wav", "b.wav", "c.json", "c.txt", "c.wav"]
     assert "failed " + str(folder / "b.wav") in captured.out and "1 failed" in captured.out
@@ -447,7 +447,7 @@ def test_a_file_that_cannot_be_read_fails_once_and_is_not_diarized_after(
     write(folder, "a.wav", 4.0, seed=1)
     (folder / "bad.wav").write_bytes(b"RIFF" + b"\0" * 60)
     assert main(["--no-vad", str(folder), "--model", model, "--diarize", "--txt"]) == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlxasr: error")]
     assert len(errors) == 1 and "bad.wav" in errors[0] and "diarization" not in errors[0]
     assert (folder / "a.txt").exists()
 

@@ -433,7 +433,7 @@ def test_engine_a_job_whose_submission_fails_on_its_thread_fails_alone(model, wa
 
 
 def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
+    return [line for line in stderr.splitlines() if line.startswith("mlxasr: error:")]
 
 
 def test_cli_with_an_unusable_temporary_folder_ends_with_one_error_per_file(checkpoints, tmp_path):

@@ -331,7 +331,7 @@ def test_cli_stops_on_a_silent_hub_before_writing(tmp_path, silent_hub):
     args = ["mlx_qwen3asr.cli.main", str(tmp_path / "talk.wav"), "--model", "acme/absent"]
     proc, seconds = run_command(args, env)
     assert proc.returncode == 2, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlxasr: error:")]
     assert len(errors) == 1 and "did not answer within 1 s" in errors[0], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hub", "talk.wav"]
     assert seconds < TIMEOUT + 2 * SLACK  # starting the command included
@@ -400,7 +400,7 @@ def test_a_first_run_without_a_hub_says_how_to_give_a_local_model(tmp_path):
     proc = run_without_defaults([str(tmp_path / "talk.wav"), "--srt"], env)
     assert proc.returncode == 2, proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line] == [
-        "error: model Qwen/Qwen3-ASR-0.6B: cannot reach the Hugging Face hub and no complete copy is "
+        "mlxasr: error: model Qwen/Qwen3-ASR-0.6B: cannot reach the Hugging Face hub and no complete copy is "
         "cached; check the network, or give a local checkpoint folder with --model PATH"
     ]
     # mlxasr align names its own option for the aligner.
@@ -426,10 +426,10 @@ def test_with_only_a_local_model_the_default_aligner_out_of_reach_is_one_short_w
     assert proc.returncode == 0, proc.stderr
     (warning,) = [line for line in proc.stderr.splitlines() if "aligner" in line]
     assert warning == (
-        "warning: default aligner not cached, hub unreachable: cue times estimated; "
+        "mlxasr: warning: default aligner not cached, hub unreachable: cue times estimated; "
         "use --aligner PATH or --no-word-timestamps"
     )
-    assert len(warning) <= 120, len(warning)
+    assert len(warning) <= 128, len(warning)  # with the "mlxasr: " every message starts with
     assert (tmp_path / "talk.srt").is_file()
     # Words asked for without subtitles: the same line says the words are not timed.
     proc = run_without_defaults(
@@ -438,8 +438,8 @@ def test_with_only_a_local_model_the_default_aligner_out_of_reach_is_one_short_w
     assert proc.returncode == 0, proc.stderr
     (warning,) = [line for line in proc.stderr.splitlines() if "aligner" in line]
     assert warning == (
-        "warning: default aligner not cached, hub unreachable: words not timed; "
+        "mlxasr: warning: default aligner not cached, hub unreachable: words not timed; "
         "use --aligner PATH or --no-word-timestamps"
     )
-    assert len(warning) <= 120, len(warning)
+    assert len(warning) <= 128, len(warning)  # with the "mlxasr: " every message starts with
     assert (tmp_path / "talk.json").is_file()

@@ -269,9 +269,9 @@ def test_cli_refuses_the_aligner_and_writes_nothing(checkpoints, tmp_path, capsy
     rc = mlxasr([str(tmp_path), "--srt", "--json", "--model", str(model)])
     _, err = capsys.readouterr()
     assert rc == 2
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    errors = [line for line in err.splitlines() if line.startswith("mlxasr: error:")]
     assert errors == [
-        f"error: model {model}: this is a Qwen3-ForcedAligner word-timing model; transcription needs a "
+        f"mlxasr: error: model {model}: this is a Qwen3-ForcedAligner word-timing model; transcription needs a "
         "Qwen3-ASR checkpoint (e.g. Qwen/Qwen3-ASR-0.6B)"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.wav"]

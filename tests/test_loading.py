@@ -566,8 +566,11 @@ def test_absurd_config_sizes_fail_in_little_memory(every_layout, tmp_path):
     for (layout, path, message), ((asr_rc, asr_err), (convert_rc, convert_err)) in zip(
         expected, report["results"], strict=True
     ):
-        errors = [line for line in asr_err.splitlines() if line.startswith("error:")]
-        assert asr_rc == 2 and errors == [f"error: model {path}: config.json: {message}"], (layout, asr_err)
+        errors = [line for line in asr_err.splitlines() if line.startswith("mlxasr: error:")]
+        assert asr_rc == 2 and errors == [f"mlxasr: error: model {path}: config.json: {message}"], (
+            layout,
+            asr_err,
+        )
         assert convert_rc == 2, (layout, convert_rc, convert_err)
         assert convert_err.splitlines()[-1] == f"mlxasr-convert: error: {path}: config.json: {message}", (
             layout

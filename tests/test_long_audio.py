@@ -124,7 +124,7 @@ def test_cli_names_a_truncated_mp3_once_and_prints_no_decoder_chatter(checkpoint
     assert proc.returncode == 0, proc.stderr
     assert "Xing" not in proc.stderr and "Note:" not in proc.stderr and "Illegal" not in proc.stderr
     truncation = [line for line in proc.stderr.splitlines() if "looks truncated" in line]
-    assert len(truncation) == 1 and truncation[0].startswith(f"warning: {cut}: decoded ")
+    assert len(truncation) == 1 and truncation[0].startswith(f"mlxasr: warning: {cut}: decoded ")
     doc = json.loads((tmp_path / "talk.json").read_text())
     assert doc["audio_truncated"] and doc["header_duration"] == pytest.approx(20.0, abs=0.2)
     assert doc["duration"] < 15 and any("looks truncated" in w for w in doc["warnings"])

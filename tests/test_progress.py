@@ -286,7 +286,7 @@ def test_every_file_takes_its_place_in_the_count_failed_ones_too(
         ("failed", str(tmp_path / "bad.wav"))
     ]
     assert sum(what == "done" for _, _, what, _ in counted) == 5
-    assert f"error: {tmp_path / 'bad.wav'}: " in cap.err  # the reason, as before
+    assert f"mlxasr: error: {tmp_path / 'bad.wav'}: " in cap.err  # the reason, as before
 
 
 def test_the_bar_says_that_its_share_is_of_the_audio_and_counts_failed_files(monkeypatch):
