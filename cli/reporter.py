@@ -124,8 +124,8 @@ class SpeakerWork:
         if self.files <= 0:
             return ""
         text = "finding speakers"
-        if self.fraction is not None:
-            text += f" {100 * self.fraction:.0f}%"
+        if self.fraction is not None:  # never 100% while it still works
+            text += f" {min(int(100 * self.fraction), 99)}%"
         if self.attempts > 1:
             text += f" (run {self.attempt} of {self.attempts})"
         return text
