@@ -242,6 +242,8 @@ def test_progress_while_a_call_runs():
     assert d.progress() is None
     assert d.estimate(0) == 0.0
     assert d.estimate(70.0) == pytest.approx(diarize._PRIOR_SPEED * 61)  # a window per second past the first
+    # Before any run, the prior of its mode: an accelerated one is far faster.
+    assert diarize.Diarizer(Pipeline(), None, "x", mode="CUDA").estimate(70.0) < d.estimate(70.0) / 100
     threading.Timer(0.3, gate.set).start()
     seen, outcome = watch(d, lambda: d(np.zeros(30 * RATE, np.float32), speech=[(0.0, 12.0), (20.0, 24.0)]))
     assert outcome[0].speaker_count == 2 and d.progress() is None
