@@ -23,8 +23,11 @@ from mlx_qwen3asr.diarize import (
     Turn,
     Turns,
     load_diarizer,
+    loading,
     rttm_lines,
 )
+from mlx_qwen3asr.diarize import diarizer as running
+from mlx_qwen3asr.diarize.turns import _wanted
 from tools.make_checkpoint import DIARIZER_PRESET, PLDA_FILES, SEGMENTATION_FILE
 
 RATE = 16000
@@ -136,7 +139,7 @@ def test_speech_stretches_are_joined_and_turns_mapped_back():
     speech = [(30.0, 36.0), (2.0, 6.0), (6.2, 8.0)]  # unsorted; the last two are one stretch (0.2 s apart)
     turns = d(audio, speech=speech)
     # One run on the two stretches (6 s each) with a gap of 0.5 s between them: 12.5 s.
-    assert diarize._JOIN_GAP == 0.5 and pipeline.runs == [(12.5, 0.6)]
+    assert running._JOIN_GAP == 0.5 and pipeline.runs == [(12.5, 0.6)]
     # The three speakers' thirds of the joined audio, mapped back and cut at the join: speaker 1 talks
     # on both sides of it, nothing is in the gap or outside the speech.
     assert turns == [Turn(2.0, 6.167, 0), Turn(6.167, 8.0, 1), Turn(30.0, 31.833, 1), Turn(31.833, 36.0, 2)]
@@ -160,12 +163,12 @@ def test_one_speaker_needs_no_run():
 def test_turns_of_zero_length_are_dropped():
     """A span shorter than a millisecond rounds to nothing: no turn (and no RTTM line of 0.000)."""
     pieces = [(0, 10 * RATE, 0)]
-    turns = diarize._turns([(1.0001, 1.0004, "A"), (2.0, 3.0, "B")], pieces)
+    turns = running._turns([(1.0001, 1.0004, "A"), (2.0, 3.0, "B")], pieces)
     assert turns == [Turn(2.0, 3.0, 0)]
     assert " 0.000 " not in rttm_lines("f", turns)
     # A span over a join gives a turn on each side; the part in the gap is no turn.
     pieces = [(RATE, 2 * RATE, 0), (5 * RATE, 6 * RATE, RATE + RATE // 2)]
-    assert diarize._turns([(0.5, 2.0, "A"), (1.0, 1.5, "B")], pieces) == [
+    assert running._turns([(0.5, 2.0, "A"), (1.0, 1.5, "B")], pieces) == [
         Turn(1.5, 2.0, 0),
         Turn(5.0, 5.5, 0),
     ]
@@ -182,7 +185,7 @@ def test_the_search_makes_at_most_two_more_runs(target):
     pipeline = Pipeline(count=lambda threshold: max(1, round(10 - 4.5 * threshold)))  # 7 at the default
     d = diarizer(pipeline)
     turns = d(np.zeros(5 * RATE, np.float32), DiarizeOptions(min_speakers=target, max_speakers=target + 1))
-    assert len(pipeline.runs) <= 1 + diarize._MAX_RETRIES == 3
+    assert len(pipeline.runs) <= 1 + running._MAX_RETRIES == 3
     assert turns.speaker_count >= 1
 
 
@@ -208,11 +211,11 @@ def test_a_far_end_that_does_not_help_stops_the_search_and_the_warning_reads_rig
 
 
 def test_count_ranges_in_words():
-    assert diarize._wanted(1, 1) == "1 speaker"
-    assert diarize._wanted(1, 2) == "at most 2 speakers"
-    assert diarize._wanted(1, 1.0) == "1 speaker"
-    assert diarize._wanted(2, math.inf) == "at least 2 speakers"
-    assert diarize._wanted(3, 3) == "3 speakers"
+    assert _wanted(1, 1) == "1 speaker"
+    assert _wanted(1, 2) == "at most 2 speakers"
+    assert _wanted(1, 1.0) == "1 speaker"
+    assert _wanted(2, math.inf) == "at least 2 speakers"
+    assert _wanted(3, 3) == "3 speakers"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,7 +244,7 @@ def test_progress_while_a_call_runs():
     d = diarizer(pipeline)
     assert d.progress() is None
     assert d.estimate(0) == 0.0
-    assert d.estimate(70.0) == pytest.approx(diarize._PRIOR_SPEED * 61)  # a window per second past the first
+    assert d.estimate(70.0) == pytest.approx(running._PRIOR_SPEED * 61)  # a window per second past the first
     # Before any run, the prior of its mode: an accelerated one is far faster.
     assert diarize.Diarizer(Pipeline(), None, "x", mode="CUDA").estimate(70.0) < d.estimate(70.0) / 100
     threading.Timer(0.3, gate.set).start()
@@ -289,10 +292,10 @@ def test_progress_past_its_estimate_keeps_moving_below_one():
 def platform_is(monkeypatch):
     def set_to(system: str, machine: str, driver: bool = False, **speakrs):
         fake = stand_in_speakrs(**speakrs)
-        monkeypatch.setattr(diarize, "_speakrs", lambda: fake)
-        monkeypatch.setattr(diarize.sys, "platform", system)
-        monkeypatch.setattr(diarize.platform, "machine", lambda: machine)
-        monkeypatch.setattr(diarize, "_nvidia_driver", lambda: driver)
+        monkeypatch.setattr(loading, "_speakrs", lambda: fake)
+        monkeypatch.setattr(loading.sys, "platform", system)
+        monkeypatch.setattr(loading.platform, "machine", lambda: machine)
+        monkeypatch.setattr(loading, "_nvidia_driver", lambda: driver)
         return fake
 
     return set_to
@@ -416,7 +419,7 @@ def test_the_library_diarizes_only_the_speech_given(checkpoints):
     assert time.perf_counter() - began < 0.5
     turns = d(audio, speech=speech)
     assert turns and all(any(a <= t.start < t.end <= b for a, b in speech) for t in turns)
-    assert d.progress() is None and d.speed != diarize._PRIOR_SPEED  # timed
+    assert d.progress() is None and d.speed != running._PRIOR_SPEED  # timed
 
 
 def test_the_library_would_load_weights_that_are_not_finite(folder):

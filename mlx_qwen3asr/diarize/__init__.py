@@ -1,0 +1,64 @@
+"""Who spoke when: speaker diarization with speakrs, and the speakers given to a transcript's words.
+
+    diarizer = load_diarizer("models/diarizer")       # a folder with the model files; None: the hub
+    turns = diarizer(samples, DiarizeOptions(max_speakers=4), speech=[(0.4, 9.8), (12.0, 30.5)])
+    result = assign_speakers(result, turns, names=["Alice", "Bob"])
+
+The diarizer is speakrs (Apache-2.0), which runs pyannote's community-1 pipeline (segmentation-3.0,
+WeSpeaker ResNet34 embeddings, PLDA and VBx clustering) with its own kernels on safetensors and .npy
+files: no torch, no ONNX Runtime. It is an optional dependency (`pip install "mlx-qwen3asr[diarize]"`,
+Python 3.11 or newer), imported only when a diarizer is loaded. speakrs releases the GIL while it
+works, so a diarizer runs on a thread beside transcription. It runs in the platform's accelerated mode
+where the installed speakrs has one (CoreML on Apple silicon, CUDA beside an NVIDIA driver), else on
+the CPU.
+
+speakrs has no setting for the number of speakers. DiarizeOptions' counts are reached by clustering
+again with another AHC threshold (a speaker of VBx can only come from an AHC cluster, so a higher
+threshold gives no more speakers): each try is a full run, and at most two more are made.
+When no threshold tried gives a count in the range, the closest result is kept and its `warnings` say
+so. One speaker (num_speakers or max_speakers 1) needs no run at all.
+
+The package: `turns` (Turn, Turns, DiarizeOptions, DiarizeProgress, the errors), `diarizer` (the
+Diarizer), `loading` (load_diarizer and the execution mode), `speakers` (assign_speakers), `rttm`.
+"""
+
+from __future__ import annotations
+
+from mlx_qwen3asr.diarize.diarizer import Diarizer
+from mlx_qwen3asr.diarize.loading import load_diarizer
+from mlx_qwen3asr.diarize.rttm import rttm_lines
+from mlx_qwen3asr.diarize.speakers import OVERLAP_SHARE, assign_speakers, speaker_label, split_at_speakers
+from mlx_qwen3asr.diarize.turns import (
+    INSTALL_COMMAND,
+    SAMPLE_RATE,
+    SPEAKRS_VERSION,
+    DiarizeCancelled,
+    DiarizeOptions,
+    DiarizeProgress,
+    DiarizerError,
+    DiarizerLoadError,
+    DiarizerUnavailable,
+    Turn,
+    Turns,
+)
+
+__all__ = [
+    "INSTALL_COMMAND",
+    "OVERLAP_SHARE",
+    "SAMPLE_RATE",
+    "SPEAKRS_VERSION",
+    "DiarizeCancelled",
+    "DiarizeOptions",
+    "DiarizeProgress",
+    "Diarizer",
+    "DiarizerError",
+    "DiarizerLoadError",
+    "DiarizerUnavailable",
+    "Turn",
+    "Turns",
+    "assign_speakers",
+    "load_diarizer",
+    "rttm_lines",
+    "speaker_label",
+    "split_at_speakers",
+]
