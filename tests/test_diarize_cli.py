@@ -345,7 +345,7 @@ def test_without_speakrs_the_real_library_says_so_in_one_line_before_any_model_l
     as on Python 3.10, which speakrs does not support: one line naming the install command, status 2."""
     monkeypatch.setitem(sys.modules, "speakrs", None)  # `import speakrs` raises ImportError
     version = (3, 10, 14) if python == "3.10" else (3, 12, 0)  # whatever Python runs the tests
-    monkeypatch.setattr(library, "sys", SimpleNamespace(version_info=_Version(version)))
+    monkeypatch.setattr(library.loading, "sys", SimpleNamespace(version_info=_Version(version)))
     monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
     talk = write(tmp_path, "talk.wav", 1.0)
     assert main([str(talk), "--model", model, "--diarize", "--srt"]) == 2
