@@ -50,15 +50,18 @@ from mlx_qwen3asr.cli.options import (
     chosen_formats,
     exit_status,
 )
+from mlx_qwen3asr.cli.plan import remove_created
 from mlx_qwen3asr.cli.signals import Terminated
 from mlx_qwen3asr.cli.stdio import Say
 from mlx_qwen3asr.outputs.folder import (
+    FileJob,
     InputFile,
     OutputClash,
     TranscribeOptions,
     existing_outputs,
     output_problem,
     plan_jobs,
+    prepare_output_folder,
     write_outputs,
 )
 from mlx_qwen3asr.pipeline.alignment import aligner_languages
@@ -94,7 +97,8 @@ exit status:
        hold (nothing aligned), its speakers could not be told apart (--diarize), or an output
        could not be written
   {EXIT_USAGE}    usage error (bad option, missing audio or text file, unreadable or empty text, a
-       language the aligner does not know, an output that would replace the text), the aligner
+       language the aligner does not know, an output that would replace the text), the output
+       folder cannot be created or written (checked before the audio is decoded), the aligner
        could not be loaded or is a speech recognition model, or --diarize has not its extra or its
        model files; nothing is written
   {EXIT_INTERRUPTED}  interrupted with Ctrl-C, nothing is written ({EXIT_TERMINATED} for SIGTERM)
@@ -311,7 +315,28 @@ def _align(args: argparse.Namespace, say: Say, diarization: Diarization | None =
             say.info(f"kept existing {names}; nothing to do (--overwrite replaces them)")
             return EXIT_OK
         say.info(f"keeping existing {names} (--overwrite replaces them)")
+    # The folder is made and probed before the audio is decoded or any model loads; one this made is
+    # removed again when the command stops before writing in it.
+    created: list[Path] = []
+    try:
+        folder = next(iter(job.outputs.values())).parent
+        problem = prepare_output_folder(folder, created)
+        if problem is not None:
+            raise AlignError(problem)
+        return _decode_and_align(args, say, diarization, job, blocks, kind, language)
+    finally:
+        remove_created(created)
 
+
+def _decode_and_align(
+    args: argparse.Namespace,
+    say: Say,
+    diarization: Diarization | None,
+    job: FileJob,
+    blocks: list[str],
+    kind: str,
+    language: str,
+) -> int:
     try:
         decoded = read_audio(args.audio)
     except AudioError as e:

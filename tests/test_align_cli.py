@@ -114,6 +114,38 @@ def test_long_audio_is_aligned_in_pieces_with_every_word_in_order(tmp_path, caps
         assert any(a - 1e-3 <= w["start"] <= w["end"] <= b + 1e-3 for a, b in pieces), w
 
 
+def test_passes_hold_no_more_padded_audio_than_one_long_piece():
+    assert retime.PASS_SECONDS == retime.MAX_SECONDS
+    # Pieces near the longest go one at a time; short ones share a pass, as many as the budget holds.
+    assert retime.passes([170.0, 60.0, 175.0]) == [(0, 1), (1, 2), (2, 3)]
+    assert retime.passes([100.0, 80.0, 10.0]) == [(0, 1), (1, 3)]
+    assert retime.passes([20.0] * 20) == [(0, 8), (8, 16), (16, 20)]  # ALIGN_ROWS rows at most
+    assert retime.passes([200.0]) == [(0, 1)] and retime.passes([]) == []
+
+
+def test_long_audio_is_aligned_a_bounded_pass_at_a_time(checkpoints, monkeypatch):
+    """Memory follows the rows of a pass times their length: however long the audio, a pass holds no
+    more padded audio than PASS_SECONDS (lowered here so that a minute stands for an hour)."""
+    from mlx_qwen3asr.checkpoints.loading import load
+
+    monkeypatch.setattr(retime, "PIECE_SECONDS", 10.0)
+    monkeypatch.setattr(retime, "PASS_SECONDS", 20.0, raising=False)
+    aligner = load(checkpoints("aligner-tiny"))
+    rows: list[list[int]] = []
+
+    def classes(aligner, prompts, features):  # the audio tokens of each row of one pass
+        rows.append([int(f.shape[0]) for f in features])
+        return [np.zeros(len(p.timestamps), dtype=np.int64) for p in prompts]
+
+    result = retime.retime_transcript(
+        aligner, test_signal(60.0, seed=3), [LONG_TEXT], "English", classes=classes
+    )
+    assert len([w for s in result.segments for w in s.words]) == len(LONG_TEXT.split())
+    tokens_per_second = max(max(r) for r in rows) / 10.0  # a piece holds 10 s at most
+    assert len(rows) >= 6 and max(len(r) for r in rows) >= 2  # short pieces still share passes
+    assert all(len(r) * max(r) <= 20.0 * tokens_per_second + 1 for r in rows), rows
+
+
 def pace(truth: list[tuple[float, float]]):
     """A stand-in aligner that knows when each word is spoken: inside its piece it gives that time, a word
     spoken before or after the piece is piled at the piece's edge, as the real aligner piles words it
@@ -356,6 +388,94 @@ def test_errors_are_one_line_and_write_nothing(case, status, message, tmp_path, 
     (line,) = errors_of(err)
     assert message.format(tmp=tmp_path) in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_an_unwritable_output_folder_stops_before_the_audio_is_decoded(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    from mlx_qwen3asr.cli import align as align_cli
+
+    audio = write_wav(tmp_path / "talk.wav", 3.0, seed=1)
+    text = tmp_path / "talk.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    real_open = os.open
+
+    def read_only_open(path, flags, *args, **kwargs):
+        # Root may write anywhere whatever the mode; refuse as the kernel would for anyone else.
+        if Path(os.fsdecode(path)).parent == locked and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    monkeypatch.setattr(align_cli, "read_audio", lambda *a, **k: pytest.fail("the audio was decoded"))
+    monkeypatch.setattr(align_cli, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
+    try:
+        status, err = run(capsys, audio, "--text", text, "--srt", "--json", "-o", locked)
+        # A folder that cannot be made is said the same way, and nothing is left of it.
+        below = tmp_path / "talk.txt" / "out"
+        status_below, err_below = run(capsys, audio, "--text", text, "--srt", "-o", below)
+    finally:
+        locked.chmod(0o755)
+    assert status == 2
+    assert err.splitlines() == [f"mlxasr align: error: cannot write output in {locked} (permission denied)"]
+    assert list(locked.iterdir()) == []
+    assert status_below == 2
+    assert errors_of(err_below) == [
+        f"mlxasr align: error: cannot create output folder {below} (a file is in the way)"
+    ]
+
+
+def test_a_folder_made_for_the_outputs_is_removed_when_nothing_is_written(tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", 3.0, seed=1)
+    text = tmp_path / "talk.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "new" / "out"
+    status, err = run(capsys, audio, "--text", text, "--srt", "-o", out, "--language", "th")
+    assert status == 2 and "Thai is not among the aligner's languages" in err
+    assert not (tmp_path / "new").exists()
+    status, err = run(capsys, audio, "--text", text, "--srt", "-o", out)
+    assert status == 0, err
+    assert [p.name for p in out.iterdir()] == ["talk.srt"]
+
+
+def test_align_writes_no_rttm_turn_of_zero_length(tmp_path, capsys, monkeypatch):
+    """A paragraph whose words the aligner piles at one instant is a segment of no length: it keeps its
+    speaker in the subtitles and JSON, but makes no RTTM line of duration 0.000."""
+    import functools
+
+    import mlx_qwen3asr.cli.align as align_cli
+    import mlx_qwen3asr.cli.diarizing as diarizing
+    import mlx_qwen3asr.diarize as library
+
+    class Library:  # the diarization library with a stand-in diarizer: one speaker throughout
+        def __getattr__(self, name):
+            return getattr(library, name)
+
+        def load_diarizer(self, path=None):
+            return lambda samples, options, **kw: [library.Turn(0.0, samples.shape[0] / 16000, 0)]
+
+    def classes(aligner, prompts, features):  # "one two three" over 0.88 s, "four" at 2.4 s sharp
+        return [np.array([0, 3, 4, 7, 8, 11, 30, 30]) for _ in prompts]
+
+    monkeypatch.setattr(diarizing, "library", lambda: Library())
+    monkeypatch.setattr(
+        align_cli, "retime_transcript", functools.partial(retime.retime_transcript, classes=classes)
+    )
+    audio = write_wav(tmp_path / "talk.wav", 4.0, seed=2)
+    (tmp_path / "talk.txt").write_text("one two three\n\nfour\n", encoding="utf-8")
+    status, err = run(capsys, audio, "--text", tmp_path / "talk.txt", "--json", "--rttm")
+    assert status == 0, err
+    segments = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))["segments"]
+    assert [(s["start"], s["end"], s["speaker"]) for s in segments] == [
+        (0.0, 0.88, "Speaker 1"),
+        (2.4, 2.4, "Speaker 1"),
+    ]
+    rttm = (tmp_path / "talk.rttm").read_text(encoding="utf-8")
+    assert rttm == "SPEAKER talk 1 0.000 0.880 <NA> <NA> Speaker_1 <NA> <NA>\n"
 
 
 def test_help_of_align(capsys):

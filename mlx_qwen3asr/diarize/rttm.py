@@ -19,7 +19,8 @@ def rttm_lines(file_id: str, source: Sequence[Turn] | Transcription) -> str:
     """RTTM, one `SPEAKER <file> 1 <start> <duration> <NA> <NA> <speaker> <NA> <NA>` line per turn, or
     per segment with a speaker of a transcription (after assign_speakers), in time order, times in
     seconds to the millisecond. Turns' speakers are written Speaker_1, Speaker_2, ...; a transcription's
-    are its labels, with underscores for spaces (an RTTM field is one token)."""
+    are its labels, with underscores for spaces (an RTTM field is one token). A span that rounds to no
+    length (a segment whose words sit at one instant) writes no line."""
     file_id = _rttm_token(file_id)
     if isinstance(source, Transcription):
         spans = [
@@ -33,5 +34,7 @@ def rttm_lines(file_id: str, source: Sequence[Turn] | Transcription) -> str:
     lines = []
     for start, end, speaker in spans:
         duration = max(0.0, end - start)
+        if f"{duration:.3f}" == "0.000":  # less than a millisecond: no turn (a segment of no length)
+            continue
         lines.append(f"SPEAKER {file_id} 1 {start:.3f} {duration:.3f} <NA> <NA> {speaker} <NA> <NA>\n")
     return "".join(lines)

@@ -47,11 +47,13 @@ from mlx_qwen3asr.text.words import display_spans, is_cjk, split_items, word_tim
 __all__ = [
     "EDGE_SECONDS",
     "MAX_ROUNDS",
+    "PASS_SECONDS",
     "PIECE_SECONDS",
     "Shared",
     "TranscriptWord",
     "align_pieces",
     "coverage_warning",
+    "passes",
     "initial_split",
     "retime_transcript",
     "share",
@@ -74,6 +76,10 @@ MAX_WEIGHT_PER_SECOND = 40.0
 REFUSE_FACTOR = 4.0
 # Words piled at the end of the audio from which the transcript counts as not covered.
 PILE_WORDS = 3
+# Padded audio in one forward pass of the aligner, at most: its rows times the longest of them (a row is
+# padded to the longest). Memory follows that product, so a pass holds no more than one piece of the
+# longest length does, and an hour's pieces need no more memory than ten minutes' do.
+PASS_SECONDS = MAX_SECONDS
 
 # The aligner's times for the words of the pieces asked for: pieces (their indices) and the range of
 # words each one holds -> (start, end) in seconds of the whole audio, per word of each range.
@@ -226,6 +232,22 @@ def coverage_warning(words: int, weight: float, seconds: float, piled_at_end: in
     return None
 
 
+def passes(durations: Sequence[float]) -> list[tuple[int, int]]:
+    """The pieces (their durations, in seconds) aligned together, as [first, last) ranges in order: at
+    most ALIGN_ROWS of them, their number times the longest at most PASS_SECONDS, or one piece."""
+    out: list[tuple[int, int]] = []
+    first, longest = 0, 0.0
+    for k, duration in enumerate(durations):
+        wider = max(longest, duration)
+        if k > first and (k - first >= ALIGN_ROWS or (k - first + 1) * wider > PASS_SECONDS):
+            out.append((first, k))
+            first, wider = k, duration
+        longest = wider
+    if first < len(durations):
+        out.append((first, len(durations)))
+    return out
+
+
 def align_pieces(
     aligner: ASRModel,
     signal,
@@ -236,16 +258,16 @@ def align_pieces(
         timestamp_classes
     ),
 ) -> list[list[tuple[float, float]]]:
-    """(start, end) in seconds of the whole audio for each item of each piece of signal, ALIGN_ROWS
-    pieces per forward pass. The items go to the aligner as they are (not split again), so a piece's
-    words are those of the transcript whatever the piece's neighbours hold.
+    """(start, end) in seconds of the whole audio for each item of each piece of signal, in forward
+    passes of at most ALIGN_ROWS pieces and PASS_SECONDS of padded audio (passes). The items go to the aligner as they are (not split again), so a piece's words are those
+    of the transcript whatever the piece's neighbours hold.
 
     classes: the aligner's class at every timestamp position (timestamp_classes; tests give a stand-in).
     """
     step_ms = float(aligner.config.timestamp_segment_time or 80)
     out: list[list[tuple[float, float]]] = []
-    for first in range(0, len(spans), ALIGN_ROWS):
-        group = list(zip(spans[first : first + ALIGN_ROWS], items[first : first + ALIGN_ROWS]))
+    for first, last in passes([span.duration for span in spans]):
+        group = list(zip(spans[first:last], items[first:last]))
         features = encode_segments(aligner, [segment_mel(signal, span) for span, _ in group])
         prompts = [
             aligner_prompt(aligner, int(f.shape[0]), list(its)) for f, (_, its) in zip(features, group)
