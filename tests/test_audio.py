@@ -17,6 +17,7 @@ from official import official_module
 from transformers import WhisperFeatureExtractor
 from transformers.utils import is_torch_available
 
+from mlx_qwen3asr.audio import decoders
 from mlx_qwen3asr.audio import files as audio_mod
 from mlx_qwen3asr.audio.features import (
     AUDIO_EXTENSIONS,
@@ -777,7 +778,7 @@ def test_many_channels_are_decoded_in_bounded_blocks(tmp_path, monkeypatch):
     x = (0.1 * rng.standard_normal((20000, 64))).astype(np.float32)
     sf.write(path, x, 16000, subtype="FLOAT")
     sizes = []
-    source = audio_mod._soundfile_source
+    source = decoders._soundfile_source
 
     def recorded(*args):
         s = source(*args)
@@ -785,7 +786,7 @@ def test_many_channels_are_decoded_in_bounded_blocks(tmp_path, monkeypatch):
         s.blocks = (sizes.append(b.size) or b for b in blocks)
         return s
 
-    monkeypatch.setattr(audio_mod, "_soundfile_source", recorded)
+    monkeypatch.setattr(decoders, "_soundfile_source", recorded)
     got = load_audio(path)
     assert max(sizes) <= 8 * audio_mod.DECODE_BLOCK and sum(sizes) == x.size
     np.testing.assert_allclose(got, x.mean(axis=1), atol=1e-7)
