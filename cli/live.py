@@ -41,6 +41,7 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_pro
 from mlx_qwen3asr.audio.files import AudioStream, not_regular_reason
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.audio.vad import VadUnavailable
+from mlx_qwen3asr.cli.live_names import outputs_name
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
@@ -115,7 +116,8 @@ outputs:
   are written to DIR/NAME.txt, DIR/NAME.srt, ... (TXT when no format is named) and rewritten after
   each commit, each file replaced whole. -o is the output folder, as for mlxasr (default: beside the
   --input file); NAME defaults to the --input file's name without its extension, to "stdin" for
-  standard input and to "microphone". Outputs of standard input or the microphone need -o DIR or
+  standard input and to "microphone" (an audio or output extension given with it is dropped:
+  --name talk.wav writes talk.txt). Outputs of standard input or the microphone need -o DIR or
   --name NAME (then in the current folder). Existing outputs are refused before the model loads
   unless --overwrite is given. With SRT or VTT (or --word-timestamps) the words of each
   committed segment are timed by the forced aligner, so cues break between words; an aligner that
@@ -544,12 +546,10 @@ class _Display:
             shown.append(update.unstable, style="dim")
             self.live.update(shown, refresh=True)
 
-    def close(self, final_text: str | None) -> None:
+    def close(self) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None
-        if not self.quiet and final_text is not None and self.console is None:
-            print(one_line(final_text), file=self.out, flush=True)
 
 
 # --- the session ----------------------------------------------------------------------------------
@@ -736,11 +736,10 @@ def _plan(args: argparse.Namespace) -> FileJob | None:
     if not formats:
         return None
     name = args.name
-    if name is not None and (name in ("", ".", "..") or "/" in name or os.sep in name):
-        raise LiveError(
-            f"--name {name!r}: give a file name without folder or extension, e.g. talk (the folder goes "
-            "with -o DIR)"
-        )
+    try:
+        name = None if name is None else outputs_name(name)
+    except ValueError as e:
+        raise LiveError(f"--name {name!r}: {e}") from None
     if args.input is not None:
         source = Path(args.input)
         folder = args.output_dir if args.output_dir is not None else source.parent
@@ -940,7 +939,6 @@ def _run_session(
     audio = _Audio(keep=job is not None)
     display = _Display(args.quiet)
     failure: LiveError | None = None
-    final_text = None
     try:
         if name == "microphone":
             say.info("listening; Ctrl-C ends the session")
@@ -966,7 +964,6 @@ def _run_session(
                 s.text for s in transcriber.segments[: len(transcriber.segments) - len(final.committed)]
             ]
             display.update(final, join_texts(committed, final.language or language))
-            final_text = final.text
             _time_words(aligner, final.committed, audio, language, say)
             warnings = []
             if vad is not None and audio.count and not transcriber.speech:
@@ -974,7 +971,7 @@ def _run_session(
                 say.warning(NO_SPEECH)
             outputs.write(transcriber, audio.signal(), language, warnings)
     finally:
-        display.close(final_text)
+        display.close()
         audio.close()
     if outputs.written:
         say.info(f"wrote {', '.join(map(str, outputs.written))}")

@@ -24,6 +24,7 @@ import mlx_qwen3asr.cli.live as live
 from mlx_qwen3asr.audio.files import load_audio
 from mlx_qwen3asr.checkpoints.loading import load
 from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
 from mlx_qwen3asr.text.output import join_texts
 
@@ -97,9 +98,8 @@ def test_input_file_writes_what_the_streaming_transcriber_commits(tmp_path, ckpt
     cues = list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
     assert cues and cues[-1].end.total_seconds() <= 8.0
 
-    # Not a terminal: one line per committed segment as it commits, then the whole text.
-    assert out[: len(expected)] == [live.segment_line(s) for s in expected]
-    assert out[len(expected) :] == [" ".join(doc["text"].split())]
+    # Not a terminal: one line per committed segment as it commits, and nothing else (the text once).
+    assert out == [live.segment_line(s) for s in expected]
 
 
 def test_session_audio_is_kept_on_disk_and_read_back_exactly():
@@ -438,7 +438,7 @@ def test_terminal_display_shows_the_unstable_tail_dimmed(monkeypatch):
         language="English", text="hello there world", stable="hello there", unstable=" world"
     )
     display.update(update, "")
-    display.close(None)
+    display.close()
     shown = screen.getvalue()
     assert "hello there" in shown
     assert "\x1b[2m world" in shown  # dim
@@ -752,11 +752,81 @@ def test_o_is_the_output_folder_as_for_mlxasr_and_name_the_outputs_name(tmp_path
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("name", ["a/b", "..", ""])
-def test_a_name_with_a_folder_is_a_usage_error(tmp_path, name, capsys):
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("a/b", "give a file name without folder"),
+        ("a\\b", "give a file name without folder"),
+        ("..", "give a file name without folder"),
+        ("", "give a file name without folder"),
+        ("x\ny", "a control character (a newline, a tab, ...) is in it"),
+        ("x\ty", "a control character"),
+        ("x\x1b[2Jy", "a control character"),
+    ],
+)
+def test_a_name_that_is_no_plain_file_name_is_a_usage_error(tmp_path, name, reason, capsys):
     audio = write_wav(tmp_path / "talk.wav", 1.0, 2)
     status = main(["live", "--input", str(audio), "--model", "not-loaded", "--name", name])
     err = capsys.readouterr().err.splitlines()
     assert status == 2
-    assert len(err) == 1 and err[0].startswith(f"mlxasr live: error: --name {name!r}: give a file name"), err
+    # One line: the name shown escaped.
+    assert len(err) == 1 and err[0].startswith(f"mlxasr live: error: --name {name!r}: {reason}"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.wav"]
+
+
+def test_a_known_extension_is_dropped_from_the_name(tmp_path, monkeypatch, capsys):
+    from mlx_qwen3asr.cli.live_names import outputs_name
+
+    assert [outputs_name(n) for n in ("in.wav", "talk.M4A", "notes.srt", "a.b.json", "v1.2", "talk")] == [
+        "in",
+        "talk",
+        "notes",
+        "a.b",
+        "v1.2",
+        "talk",
+    ]
+    audio = write_wav(tmp_path / "talk.wav", 1.0, 2)
+
+    class Transcriber:  # decodes nothing
+        def __init__(self, model, **kwargs):
+            self.segments, self.speech = [], []
+
+        def feed(self, block):
+            return []
+
+        def finish(self):
+            return live.StreamUpdate(language="", text="", stable="", unstable="", final=True)
+
+    monkeypatch.setattr(live, "StreamingTranscriber", Transcriber)
+    monkeypatch.setattr(live, "load_model", lambda *args, **kwargs: object())
+    status = main(["live", "--input", str(audio), "--model", "stub", "--name", "in.wav", "--txt", "-q"])
+    assert status == 0, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "talk.wav"]
+
+
+def test_outside_a_terminal_each_committed_text_is_printed_once(tmp_path, monkeypatch, capsys):
+    said = [Segment(0.0, 2.0, "first words", "English"), Segment(2.0, 3.5, "last words", "English")]
+
+    class Transcriber:  # commits one segment while the audio comes, the other at the end
+        def __init__(self, model, **kwargs):
+            self.segments, self.speech = [], []
+
+        def feed(self, block):
+            if self.segments:
+                return []
+            self.segments.append(said[0])
+            return [live.StreamUpdate("English", "first words", "first words", "", committed=[said[0]])]
+
+        def finish(self):
+            self.segments.append(said[1])
+            text = "first words last words"
+            return live.StreamUpdate("English", text, text, "", final=True, committed=[said[1]])
+
+    monkeypatch.setattr(live, "StreamingTranscriber", Transcriber)
+    monkeypatch.setattr(live, "load_model", lambda *args, **kwargs: object())
+    audio = write_wav(tmp_path / "talk.wav", 3.5, 2)
+    assert main(["live", "--input", str(audio), "--model", "stub", "--no-vad"]) == 0
+    captured = capsys.readouterr()
+    assert not sys.stdout.isatty()
+    assert captured.out.splitlines() == [live.segment_line(s) for s in said]
+    assert "first words" not in captured.err and "last words" not in captured.err
