@@ -745,8 +745,9 @@ def test_a_killed_conversions_folder_is_removed_by_the_next_run_and_a_live_runs_
 
 def test_only_stale_temporary_folders_of_this_machine_are_cleared(tmp_path):
     from mlx_qwen3asr.checkpoints import convert as conversion
+    from mlx_qwen3asr.runtime import atomic
 
-    host, gone = conversion._host(), dead_pid()
+    host, gone = atomic.host_tag(), dead_pid()
     other_host = "0" * 8 if host != "0" * 8 else "1" * 8
 
     def folder(name: str, pid: int, kind: str, machine: str = host) -> Path:

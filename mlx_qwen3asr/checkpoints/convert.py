@@ -30,10 +30,10 @@ and gets a `false` entry. With the encoder left unquantized the block is exactly
 The aligner's classifier (classify_num x hidden, about 1% of the model) is quantized like the rest
 of the decoder, as mlx-audio's conversions do, so both tools agree on which tensors are packed.
 
-The result is written into a temporary directory next to the destination and renamed into place
-once complete and verified with the engine's own strict loader checks, so a failed run leaves
-nothing behind and `force` replaces an existing destination only after the new one is whole, and
-only when it is a checkpoint folder (nothing in it but checkpoint files). The temporary directory,
+The result is written into a temporary directory next to the destination (the crash-safe folders of
+runtime/atomic.py) and renamed into place once complete and verified with the engine's own strict
+loader checks, so a failed run leaves nothing behind and `force` replaces an existing destination
+only after the new one is whole, and only when it is a checkpoint folder (nothing in it but checkpoint files). The temporary directory,
 `.<name>.mlxasr-<pid>-<host>-<random>.partial`, names the process and the machine that write it: one
 left by a run that was killed (kill -9, a power cut) is removed by the next conversion into the
 same folder once that process is gone and nothing has been written in it for a minute; a live
@@ -44,16 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
-import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
-import socket
-import stat
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +57,6 @@ import mlx.core as mx
 
 from mlx_qwen3asr.checkpoints.layouts import PREPROCESSOR_CONFIG
 from mlx_qwen3asr.checkpoints.loading import (
-    DTYPES,
     Checkpoint,
     ModelLoadError,
     build_checked,
@@ -71,17 +64,27 @@ from mlx_qwen3asr.checkpoints.loading import (
     read_checkpoint,
     resolve_model_path,
 )
+from mlx_qwen3asr.checkpoints.quantize import (
+    ENCODER_BITS,
+    GROUP_SIZES,
+    QUANT_BITS,
+    ConvertError,
+    Recipe,
+    make_recipe,
+    output_tensors,
+    plan_layers,
+    quantization_block,
+)
 from mlx_qwen3asr.model.config import ModelConfig
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
-from mlx_qwen3asr.runtime.atomic import name_max, pid_alive
+from mlx_qwen3asr.runtime.atomic import (
+    make_temp_folder,
+    remove_stale_folders,
+    replace_folder,
+    temp_folder,
+)
 
-QUANT_BITS = (4, 8)
-ENCODER_BITS = (4, 8, 16)
-GROUP_SIZES = (32, 64, 128)
 MAX_SHARD_BYTES = 5 * 10**9
-QUANT_MODE = "affine"
-READERS_ALL = "mlx_qwen3asr, mlx-audio and mlx-qwen3-asr"
-READERS_QUANTIZED_ENCODER = "mlx_qwen3asr and mlx-qwen3-asr; not mlx-audio, which never quantizes the encoder"
 # Tokenizer, preprocessor and chat-template files travel with the weights.
 COPY_PATTERNS = ("*.json", "*.txt", "*.jinja", "tokenizer.*")
 NOT_COPIED = frozenset({"config.json", "model.safetensors.index.json"})
@@ -94,49 +97,6 @@ CHECKPOINT_FILE = re.compile(
     re.IGNORECASE,
 )
 CHECKPOINT_FOLDERS = frozenset({".cache"})
-# Our temporary folders beside the destination: the conversion being written (.partial), and an old
-# destination being replaced (.old); they name the process and the machine (a hash of its host name).
-TEMP_FOLDER = re.compile(
-    r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<host>[0-9a-f]{8})-[0-9a-f]+\.(?P<kind>partial|old)", re.S
-)
-# A temporary folder whose process is gone and where nothing was written for this long was left by a
-# run that was killed.
-STALE_SECONDS = 60.0
-
-
-class ConvertError(Exception):
-    """The conversion was refused or failed; nothing was written at the destination."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    bits: int | None  # None: no quantization
-    group_size: int = 64
-    encoder_bits: int = 16  # 16: the encoder stays in `dtype`
-    dtype: str = "bfloat16"
-
-    def bits_for(self, path: str) -> int | None:
-        """Bits for the quantizable layer at `path`, None to keep it in floating point."""
-        if self.bits is None:
-            return None
-        bits = self.encoder_bits if path.startswith("audio_tower.") else self.bits
-        return None if bits == 16 else bits
-
-    def describe(self) -> str:
-        if self.bits is None:
-            return f"unquantized {self.dtype}"
-        encoder = "unquantized" if self.encoder_bits == 16 else f"{self.encoder_bits}-bit"
-        return (
-            f"decoder {self.bits}-bit, encoder {encoder}, group size {self.group_size}, "
-            f"other weights {self.dtype}"
-        )
-
-    @property
-    def readers(self) -> str:
-        """Which MLX tools read a checkpoint of this recipe."""
-        if self.bits is not None and self.encoder_bits != 16:
-            return READERS_QUANTIZED_ENCODER
-        return READERS_ALL
 
 
 @dataclass
@@ -153,29 +113,6 @@ class ConversionResult:
     @property
     def weight_bytes(self) -> int:
         return sum(self.files.values())
-
-
-def make_recipe(
-    bits: int | None = None, group_size: int = 64, encoder_bits: int | None = None, dtype: str = "bfloat16"
-) -> Recipe:
-    """Validate the options; the encoder stays unquantized unless `encoder_bits` says otherwise."""
-    if dtype not in DTYPES:
-        raise ConvertError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    if bits is None:
-        if encoder_bits not in (None, 16):
-            raise ConvertError("--encoder-bits needs --bits (the decoder's precision)")
-        return Recipe(None, group_size, 16, dtype)
-    if bits not in QUANT_BITS:
-        raise ConvertError(f"bits must be one of {', '.join(map(str, QUANT_BITS))}, got {bits}")
-    if group_size not in GROUP_SIZES:
-        raise ConvertError(f"group size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}")
-    if encoder_bits is None:
-        encoder_bits = 16
-    if encoder_bits not in ENCODER_BITS:
-        raise ConvertError(
-            f"encoder bits must be one of {', '.join(map(str, ENCODER_BITS))}, got {encoder_bits}"
-        )
-    return Recipe(bits, group_size, encoder_bits, dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,59 +147,6 @@ def source_of(checkpoint: Checkpoint) -> Source:
     for key in ("quantization", "quantization_config"):
         config.pop(key, None)
     return Source(path, checkpoint.layout, config, checkpoint.model_config, checkpoint.weights)
-
-
-# --------------------------------------------------------------------------------------------------
-# Quantization
-# --------------------------------------------------------------------------------------------------
-
-
-def plan_layers(net: Qwen3ASR, recipe: Recipe) -> tuple[dict[str, int], list[str]]:
-    """Bits of every layer to quantize, and the layers left in float because of their width."""
-    quantized: dict[str, int] = {}
-    too_narrow: list[str] = []
-    for path, module in net.named_modules():
-        if not hasattr(module, "to_quantized"):
-            continue
-        bits = recipe.bits_for(path)
-        if bits is None:
-            continue
-        if module.weight.shape[-1] % recipe.group_size:
-            too_narrow.append(path)
-        else:
-            quantized[path] = bits
-    return dict(sorted(quantized.items())), sorted(too_narrow)
-
-
-def quantization_block(recipe: Recipe, quantized: dict[str, int], too_narrow: list[str]) -> dict | None:
-    if recipe.bits is None:
-        return None
-    block: dict[str, Any] = {"group_size": recipe.group_size, "bits": recipe.bits, "mode": QUANT_MODE}
-    for path, bits in quantized.items():
-        if bits != recipe.bits:
-            block[path] = {"group_size": recipe.group_size, "bits": bits}
-    for path in too_narrow:
-        block[path] = False
-    return block
-
-
-def output_tensors(
-    weights: dict[str, mx.array], quantized: dict[str, int], recipe: Recipe
-) -> dict[str, mx.array]:
-    """The checkpoint's tensors (lazy): packed weights with scales and biases, the rest cast to dtype."""
-    dtype = DTYPES[recipe.dtype]
-    out: dict[str, mx.array] = {}
-    for key in sorted(weights):
-        value = weights[key]
-        path, _, leaf = key.rpartition(".")
-        if mx.issubdtype(value.dtype, mx.floating):
-            value = value.astype(dtype)
-        if leaf == "weight" and path in quantized:
-            packed, scales, biases = mx.quantize(value, recipe.group_size, quantized[path], mode=QUANT_MODE)
-            out[key], out[f"{path}.scales"], out[f"{path}.biases"] = packed, scales, biases
-        else:
-            out[key] = value
-    return dict(sorted(out.items()))
 
 
 @dataclass
@@ -422,86 +306,13 @@ def check_destination(dst: Path, force: bool) -> None:
         folder = folder.parent
     if not folder.is_dir():
         raise ConvertError(f"cannot create {dst}: {folder} is not a folder")
-    probe = _temp_folder(folder, dst.name, "partial")
+    probe = temp_folder(folder, dst.name, "partial")
     try:
         probe.mkdir()
     except OSError as e:
         raise ConvertError(f"cannot write {dst}: {folder} does not take new folders ({_reason(e)})") from None
     with contextlib.suppress(OSError):
         probe.rmdir()
-
-
-def _host() -> str:
-    """This machine, as the temporary folders name it: a short hash of its host name."""
-    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
-
-
-def _temp_folder(folder: Path, name: str, kind: str) -> Path:
-    """A fresh temporary folder name beside `folder / name`, within the file system's name limit."""
-    tail = f".mlxasr-{os.getpid()}-{_host()}-{secrets.token_hex(4)}.{kind}"
-    room = name_max(folder) - 1 - len(tail)
-    while len(os.fsencode(name)) > room and len(name) > 1:
-        name = name[:-1]
-    return folder / f".{name}{tail}"
-
-
-def _make_temp_folder(folder: Path, name: str) -> Path:
-    for _ in range(100):
-        path = _temp_folder(folder, name, "partial")
-        try:
-            path.mkdir()  # the usual permissions (umask), which the rename keeps
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(errno.EEXIST, "no free temporary folder name", str(folder))
-
-
-def _last_written(path: Path) -> float:
-    """The latest modification time of a folder and of what it holds (one level: a checkpoint's)."""
-    latest = path.lstat().st_mtime
-    with contextlib.suppress(OSError), os.scandir(path) as entries:
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                latest = max(latest, entry.stat(follow_symlinks=False).st_mtime)
-    return latest
-
-
-def remove_stale_folders(
-    folder: Path, *, min_age: float = STALE_SECONDS, now: float | None = None
-) -> tuple[list[Path], list[Path]]:
-    """Clear the temporary folders that killed conversions left in folder: returns (removed, restored).
-
-    Only folders named like ours (TEMP_FOLDER) made on this machine by a process that no longer exists,
-    where nothing was written for min_age seconds, are touched: a live conversion keeps its folder,
-    whichever machine runs it. A `.partial` one is removed. An `.old` one is a destination that was
-    being replaced: removed when its replacement is in place, else renamed back to its name.
-    """
-    now = time.time() if now is None else now
-    removed: list[Path] = []
-    restored: list[Path] = []
-    try:
-        with os.scandir(folder) as it:
-            found = [(Path(e.path), m) for e in it if (m := TEMP_FOLDER.fullmatch(e.name))]
-    except OSError:
-        return removed, restored
-    host = _host()
-    for path, match in found:
-        try:
-            if not stat.S_ISDIR(path.lstat().st_mode) or match["host"] != host:
-                continue
-            if pid_alive(int(match["pid"])) or now - _last_written(path) < min_age:
-                continue
-            if match["kind"] == "old":
-                target = folder / match["name"]
-                if not _exists(target):
-                    os.rename(path, target)
-                    restored.append(target)
-                    continue
-            shutil.rmtree(path)
-            removed.append(path)
-        except OSError:
-            continue
-    return removed, restored
 
 
 def _install(tmp: Path, dst: Path, force: bool) -> None:
@@ -512,14 +323,7 @@ def _install(tmp: Path, dst: Path, force: bool) -> None:
     if not force:
         raise ConvertError(f"{dst} exists (appeared during the conversion); use --overwrite to replace it")
     _check_replaceable(dst)  # what it holds may have changed during the conversion
-    old = _temp_folder(dst.parent, dst.name, "old")
-    os.rename(dst, old)
-    try:
-        os.rename(tmp, dst)
-    except BaseException:
-        os.rename(old, dst)
-        raise
-    _remove(old)
+    replace_folder(tmp, dst)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -571,7 +375,7 @@ def convert_checkpoint(
             say(f"put back {path}, which a killed conversion was replacing")
         if _exists(dst) and not force:  # one put back, or made meanwhile
             raise ConvertError(f"{dst} exists; use --overwrite to replace it")
-        tmp = _make_temp_folder(dst.parent, dst.name)
+        tmp = make_temp_folder(dst.parent, dst.name)
         say(f"writing {recipe.describe()} into {tmp.name}")
         files = write_weights(plan.tensors, tmp, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, ensure_ascii=False) + "\n")
@@ -623,6 +427,9 @@ def _names(paths: list[Path]) -> str:
 
 
 __all__ = [
+    "ENCODER_BITS",
+    "GROUP_SIZES",
+    "QUANT_BITS",
     "ConversionResult",
     "ConvertError",
     "Recipe",

@@ -1,18 +1,23 @@
-"""Crash-safe file writing: a file is either complete or untouched, whatever happens while it is written.
+"""Crash-safe writing: a file or a folder is either complete or untouched, whatever happens meanwhile.
 
 Each file is written to a temporary file beside it, synced, and only then renamed to its name; a set of
-files is renamed together with Ctrl-C held back. Temporary files carry the writing process's id, so
-that those left by a killed run can be recognised and removed later (remove_stale_temporaries).
+files is renamed together with Ctrl-C held back. A folder (a converted checkpoint) is written into a
+temporary folder beside it and renamed into place (replace_folder). Temporary files and folders carry
+the writing process's id, so that those left by a killed run can be recognised and removed later
+(remove_stale_temporaries, remove_stale_folders).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
+import shutil
 import signal
+import socket
 import stat
 import threading
 import time
@@ -23,14 +28,20 @@ __all__ = [
     "NAME_MAX",
     "pid_alive",
     "STALE_SECONDS",
+    "TEMP_FOLDER",
     "TEMP_PATTERN",
     "TEMP_SUFFIX",
     "atomic_write_bytes",
     "atomic_write_files",
     "atomic_write_text",
+    "host_tag",
+    "make_temp_folder",
     "name_max",
     "probe_folder",
+    "remove_stale_folders",
     "remove_stale_temporaries",
+    "replace_folder",
+    "temp_folder",
     "temp_name",
 ]
 
@@ -40,8 +51,14 @@ __all__ = [
 # remove_stale_temporaries).
 TEMP_SUFFIX = ".tmp"
 TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<token>[0-9a-z]+)\.tmp", re.S)
-# A temporary file lives for the seconds between writing and renaming it; one older than this whose
-# process is gone was left by a run that was killed.
+# Temporary folders, ".<target name>.mlxasr-<pid>-<host>-<random>.<kind>": the folder being written
+# (.partial), and an old one being replaced (.old); they name the process and the machine (a hash of
+# its host name), since a folder may be shared between machines.
+TEMP_FOLDER = re.compile(
+    r"\.(?P<name>.+)\.mlxasr-(?P<pid>[0-9]+)-(?P<host>[0-9a-f]{8})-[0-9a-f]+\.(?P<kind>partial|old)", re.S
+)
+# A temporary file or folder whose process is gone and where nothing was written for this long was
+# left by a run that was killed.
 STALE_SECONDS = 60.0
 # The longest file name in bytes where the file system does not say (NAME_MAX of most file systems).
 NAME_MAX = 255
@@ -85,9 +102,12 @@ def name_max(folder: str | os.PathLike[str]) -> int:
 def temp_name(target_name: str, limit: int = NAME_MAX) -> str:
     """A fresh name for one of our temporary files beside a file called target_name, at most limit
     bytes long: the target's name is shortened to make room for the rest."""
-    tail = f".mlxasr-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    return _hidden_name(target_name, f".mlxasr-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}", limit)
+
+
+def _hidden_name(name: str, tail: str, limit: int) -> str:
+    """ "." + name + tail, the name shortened so that the whole is at most limit bytes."""
     room = limit - 1 - len(tail)
-    name = target_name
     while len(os.fsencode(name)) > room and len(name) > 1:
         name = name[:-1]
     return f".{name}{tail}"
@@ -145,6 +165,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _left_by_killed_run(match: re.Match[str], idle: float, min_age: float) -> bool:
+    """Whether a temporary file or folder of ours (its name's match), where nothing was written for
+    `idle` seconds, was left by a run that was killed: its process is gone and min_age has passed."""
+    return idle >= min_age and not pid_alive(int(match["pid"]))
+
+
 def remove_stale_temporaries(
     folder: str | os.PathLike[str], *, min_age: float = STALE_SECONDS, now: float | None = None
 ) -> list[Path]:
@@ -167,7 +193,7 @@ def remove_stale_temporaries(
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < min_age or pid_alive(int(match["pid"])):
+        if not stat.S_ISREG(st.st_mode) or not _left_by_killed_run(match, now - st.st_mtime, min_age):
             continue
         with contextlib.suppress(OSError):
             os.unlink(entry.path)
@@ -275,3 +301,101 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write a file of bytes atomically: temporary file in the same folder, fsync, rename."""
     atomic_write_files({path: data})
+
+
+# --------------------------------------------------------------------------------------------------
+# Folders
+# --------------------------------------------------------------------------------------------------
+
+
+def host_tag() -> str:
+    """This machine, as the temporary folders name it: a short hash of its host name."""
+    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def temp_folder(folder: Path, name: str, kind: str) -> Path:
+    """A fresh temporary folder name ("partial" or "old") beside `folder / name`, within the file
+    system's name limit."""
+    tail = f".mlxasr-{os.getpid()}-{host_tag()}-{secrets.token_hex(4)}.{kind}"
+    return folder / _hidden_name(name, tail, name_max(folder))
+
+
+def make_temp_folder(folder: Path, name: str) -> Path:
+    """Create a new ".partial" temporary folder beside `folder / name` (never an existing one)."""
+    for _ in range(100):
+        path = temp_folder(folder, name, "partial")
+        try:
+            path.mkdir()  # the usual permissions (umask), which the rename keeps
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no free temporary folder name", str(folder))
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _last_written(path: Path) -> float:
+    """The latest modification time of a folder and of what it holds (one level: a checkpoint's)."""
+    latest = path.lstat().st_mtime
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                latest = max(latest, entry.stat(follow_symlinks=False).st_mtime)
+    return latest
+
+
+def remove_stale_folders(
+    folder: Path, *, min_age: float = STALE_SECONDS, now: float | None = None
+) -> tuple[list[Path], list[Path]]:
+    """Clear the temporary folders that killed runs left in folder: returns (removed, restored).
+
+    Only folders named like ours (TEMP_FOLDER) made on this machine by a process that no longer exists,
+    where nothing was written for min_age seconds, are touched: a live run keeps its folder, whichever
+    machine runs it. A `.partial` one is removed. An `.old` one is a folder that was being replaced:
+    removed when its replacement is in place, else renamed back to its name.
+    """
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    restored: list[Path] = []
+    try:
+        with os.scandir(folder) as it:
+            found = [(Path(e.path), m) for e in it if (m := TEMP_FOLDER.fullmatch(e.name))]
+    except OSError:
+        return removed, restored
+    host = host_tag()
+    for path, match in found:
+        try:
+            if not stat.S_ISDIR(path.lstat().st_mode) or match["host"] != host:
+                continue
+            if not _left_by_killed_run(match, now - _last_written(path), min_age):
+                continue
+            if match["kind"] == "old":
+                target = folder / match["name"]
+                if not _exists(target):
+                    os.rename(path, target)
+                    restored.append(target)
+                    continue
+            shutil.rmtree(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed, restored
+
+
+def replace_folder(tmp: Path, dst: Path) -> None:
+    """Put the finished folder tmp in the place of the existing dst: dst is renamed aside (".old"),
+    tmp renamed to dst, and only then the old one removed; if the second rename fails, dst is put back.
+    A run killed in between leaves the ".old" folder, which remove_stale_folders renames back."""
+    old = temp_folder(dst.parent, dst.name, "old")
+    os.rename(dst, old)
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        os.rename(old, dst)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink()
