@@ -47,8 +47,12 @@ from mlx_qwen3asr.cli.options import (
     RTTM,
     add_dtype,
     add_formats,
+    add_speech_detection,
+    check_vad,
     chosen_formats,
     exit_status,
+    moot,
+    vad_options,
 )
 from mlx_qwen3asr.cli.plan import remove_created
 from mlx_qwen3asr.cli.signals import Terminated
@@ -167,7 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         "kana, Korean with Hangul, Chinese with Han characters, else English); it decides how words are "
         "cut (Japanese and Korean differ) and must be one the aligner knows",
     )
-    add_diarization(p.add_argument_group("speakers (who said what)"))
+    speakers = p.add_argument_group("speakers (who said what)")
+    add_diarization(speakers)
+    add_speech_detection(
+        speakers,
+        "with --diarize: speech detection (Silero VAD) finds where someone speaks and only that is "
+        "diarized (default: on; --no-vad diarizes all the audio)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -350,7 +360,9 @@ def _decode_and_align(
             diarizer = load_diarizer(diarization, args.diarizer, say)
             if diarizer is None:
                 raise AlignError("", EXIT_USAGE)
-            speakers = DiarizeQueue(diarizer, diarization.options, read=lambda samples: samples)
+            speakers = DiarizeQueue(
+                diarizer, diarization.options, read=lambda samples: samples, vad=vad_options(args)
+            )
             speakers.submit(0, signal.samples())
         source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
         say.info(f"loading aligner {source}")
@@ -421,7 +433,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if RTTM in chosen_formats(args, None):  # speaker turns are what diarization gives
         args.diarize = True
     try:
+        check_vad(parser, args)
         diarization = check_diarization(parser, args)
+        if diarization is None and (not args.vad or args.vad_threshold is not None):
+            moot(parser, "--no-vad" if not args.vad else "--vad-threshold", "without --diarize")
     except SystemExit as e:
         return exit_status(e)
     except Unavailable as e:

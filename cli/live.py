@@ -56,6 +56,7 @@ from mlx_qwen3asr.cli.options import (
     check_vad,
     chosen_formats,
     exit_status,
+    moot,
     number_in,
     span,
     vad_options,
@@ -992,6 +993,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
         check_vad(parser, args)
+        if args.word_timestamps is False and args.aligner is not None:
+            moot(parser, "--aligner", "with --no-word-timestamps (words are not timed)")
     except SystemExit as e:
         return exit_status(e)
     say = Say(PROG, args.quiet)

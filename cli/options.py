@@ -212,13 +212,15 @@ def add_batch_size(group, decoded_from: str, most: str) -> None:
     )
 
 
-def add_speech_detection(group) -> None:
-    """--vad/--no-vad and --vad-threshold (check_vad refuses a threshold with --no-vad)."""
+def add_speech_detection(group, what: str | None = None) -> None:
+    """--vad/--no-vad and --vad-threshold (check_vad refuses a threshold with --no-vad); what: what
+    speech detection does for this command, for the help."""
     group.add_argument(
         "--vad",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="speech detection (Silero VAD): only the stretches where someone speaks are transcribed, "
+        help=what
+        or "speech detection (Silero VAD): only the stretches where someone speaks are transcribed, "
         "so noise, music and silence give no text (default: on; --no-vad sends all the audio)",
     )
     group.add_argument(

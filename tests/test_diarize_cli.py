@@ -558,7 +558,7 @@ def test_align_diarizes_and_fails_without_writing_when_diarization_does(tmp_path
     monkeypatch.setattr(diarizing, "library", lambda: lib)
     audio = write(tmp_path, "talk.wav", 6.0)
     (tmp_path / "talk.txt").write_text(SAID, encoding="utf-8")
-    args = ["align", str(audio), "--text", str(tmp_path / "talk.txt"), "--json", "--diarize"]
+    args = ["align", str(audio), "--text", str(tmp_path / "talk.txt"), "--json", "--diarize", "--no-vad"]
     assert main([*args, "--num-speakers", "2", "--diarizer", "dia"]) == 0
     assert [round(c[0], 2) for c in lib.calls] == [6.0] and lib.loaded == ["dia"]
     assert lib.options[0].num_speakers == 2
@@ -620,3 +620,23 @@ def test_end_to_end_with_the_library_on_random_diarizer_weights(tmp_path, model,
     assert [r[3] for r in rows] == [s["speaker"].replace(" ", "_") for s in doc["segments"]]
     voices = [c.voice for c in webvtt.read(str(tmp_path / "talk.vtt"))]
     assert set(voices) <= set(speakers) and voices[0] == speakers[0]
+
+
+def test_align_diarizes_only_the_speech_found(tmp_path, monkeypatch, capsys):
+    """mlxasr align --diarize: speech detection (on by default) finds no speech in silence, so the
+    diarizer is never called; --no-vad diarizes all of it; the detection options need --diarize."""
+    lib = StandIn()
+    monkeypatch.setattr(diarizing, "library", lambda: lib)
+    audio = tmp_path / "quiet.wav"
+    sf.write(audio, np.zeros(6 * 16000, np.float32), 16000)
+    (tmp_path / "quiet.txt").write_text(SAID, encoding="utf-8")
+    args = ["align", str(audio), "--text", str(tmp_path / "quiet.txt"), "--json"]
+    assert main([*args, "--diarize"]) == 0
+    assert lib.calls == []
+    assert main([*args, "--diarize", "--no-vad", "--overwrite"]) == 0
+    assert [round(c[0], 2) for c in lib.calls] == [6.0]
+    capsys.readouterr()
+    assert main([*args, "--no-vad", "--overwrite"]) == 2
+    assert "argument --no-vad: has no effect without --diarize" in capsys.readouterr().err
+    assert main([*args, "--diarize", "--no-vad", "--vad-threshold", "0.4", "--overwrite"]) == 2
+    assert "argument --vad-threshold: has no effect with --no-vad" in capsys.readouterr().err

@@ -186,3 +186,13 @@ def test_live_on_silence_and_noise_decodes_nothing_and_says_so(
     assert (tmp_path / "quiet.srt").read_text(encoding="utf-8").strip() == ""
     assert f"mlxasr live: warning: {NO_SPEECH}" in captured.err.splitlines()
     assert "[" not in captured.out
+
+
+def test_live_refuses_an_aligner_that_no_word_timing_makes_moot(tmp_path, capsys):
+    """As mlxasr does: --aligner with --no-word-timestamps is a usage error naming the option."""
+    wav = tmp_path / "talk.wav"
+    sf.write(wav, np.zeros(16000, np.float32), RATE)
+    status = main(["live", "--input", str(wav), "--no-word-timestamps", "--aligner", "somewhere", "--txt"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "argument --aligner: has no effect with --no-word-timestamps" in err and "Traceback" not in err
