@@ -1,1 +1,2 @@
-"""Results to files: subtitle cues, rendered documents, crash-safe writing, folder runs."""
+"""Results to files: subtitle cues, rendered documents (TXT, SRT, VTT, JSON), and folder runs: finding
+inputs, naming outputs, resuming, writing them (through runtime/atomic.py's crash-safe files)."""

@@ -1,2 +1,2 @@
 """Where the package runs: its settings and default dtype, the CPU process setup (OpenBLAS, malloc),
-and crash-safe file writing."""
+crash-safe writing of files and folders, one-line messages."""
