@@ -200,14 +200,19 @@ def diarizer_source(flag: str | None) -> str | None:
     return flag or os.environ.get(DIARIZER_ENV) or None
 
 
-def load_diarizer(diarization: Diarization, flag: str | None, say: Messages) -> Any | None:
+def load_diarizer(
+    diarization: Diarization, flag: str | None, say: Messages, *, isolated: bool = False
+) -> Any | None:
     """The diarizer of --diarizer (else $MLXASR_DIARIZER, else the library's download), or None once the
-    error is said: the library unavailable (the install command), model files missing or unreadable."""
+    error is said: the library unavailable (the install command), model files missing or unreadable.
+    isolated: its runs made by a worker process that cancel() kills at once (the server's)."""
     source = diarizer_source(flag)
     shown = source or "(default)"
     say.info(f"loading diarizer {shown}")
     lib = diarization.lib
     try:
+        if isolated:
+            return lib.load_diarizer(source, isolated=True)
         return lib.load_diarizer(source)
     except getattr(lib, "DiarizerError", lib.DiarizerUnavailable) as e:  # its own one line says it all
         say.error(one_line(str(e)))

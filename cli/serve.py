@@ -42,7 +42,7 @@ from mlx_qwen3asr.cli.options import (
     vad_options,
 )
 from mlx_qwen3asr.cli.signals import Terminated, terminate
-from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
+from mlx_qwen3asr.cli.stdio import open_closed_standard_streams, problem_line
 from mlx_qwen3asr.runtime.messages import one_line
 
 PROG = "mlxasr serve"
@@ -264,10 +264,10 @@ class _Stderr:
         print(line, file=sys.stderr)
 
     def error(self, line: str) -> None:
-        print(f"error: {one_line(line)}", file=sys.stderr)
+        print(problem_line(PROG, "error", one_line(line)), file=sys.stderr)
 
     def warning(self, line: str) -> None:
-        print(f"warning: {one_line(line)}", file=sys.stderr)
+        print(problem_line(PROG, "warning", one_line(line)), file=sys.stderr)
 
 
 _say = _Stderr()
@@ -313,7 +313,8 @@ def _load_models(args: argparse.Namespace, diarization: Diarization | None = Non
     The diarizer loads first: a library that cannot run stops the server before any model loads."""
     diarizer = None
     if diarization is not None:
-        diarizer = load_diarizer(diarization, args.diarizer, _say)
+        # Its runs in a worker process: a client that leaves stops its diarization at once.
+        diarizer = load_diarizer(diarization, args.diarizer, _say, isolated=True)
         if diarizer is None:
             return EXIT_USAGE
     model = load_model(args.model, args.dtype, _say)
@@ -340,7 +341,7 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
     except OSError as e:
         _error(f"cannot listen on {args.host}:{args.port} ({(e.strerror or str(e)).lower()})")
         return EXIT_USAGE
-    engine = speakers = None
+    engine = speakers = diarizer = None
     try:
         loaded = _load_models(args, diarization)
         if isinstance(loaded, int):
@@ -399,6 +400,8 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
         sock.close()
         if speakers is not None:
             speakers.close()
+        if callable(getattr(diarizer, "close", None)):  # its worker process ends with the server
+            diarizer.close()
         if engine is not None and not exiting:
             engine.close()
 

@@ -300,7 +300,7 @@ def test_serve_diarize_without_the_library_is_one_line_and_status_2(checkpoints,
 
     lib = StandIn()
 
-    def unavailable(path=None):
+    def unavailable(path=None, **options):
         raise lib.DiarizerUnavailable(
             f"diarization needs a package that is not installed: {diarizing.INSTALL}"
         )
@@ -309,7 +309,10 @@ def test_serve_diarize_without_the_library_is_one_line_and_status_2(checkpoints,
     monkeypatch.setattr(diarizing, "library", lambda: lib)
     assert cli_serve.main([*args, "--diarize", "--diarizer", "dia"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"error: diarization needs a package that is not installed: {diarizing.INSTALL}"
+    assert (
+        err[-1]
+        == f"mlxasr serve: error: diarization needs a package that is not installed: {diarizing.INSTALL}"
+    )
 
     assert cli_serve.main([*args, "--diarizer", "dia"]) == 2  # a usage error without --diarize
     assert "argument --diarizer: has no effect without --diarize" in capsys.readouterr().err

@@ -532,7 +532,7 @@ class Gate:
         gate = self
 
         class Gated:
-            def __init__(self, net, eos_ids, *, prefix=None, keep_logits=False):
+            def __init__(self, net, eos_ids, *, prefix=None, keep_logits=False, header=None):
                 self.prefix, self.rows = prefix, {}
 
             def __len__(self):
@@ -646,7 +646,7 @@ def test_model_errors_at_start_are_one_line_and_status_2(checkpoints, capsys, tm
 
     assert main(["--model", str(tmp_path / "missing"), "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: model {tmp_path / 'missing'}: ") and len(err) == 2
+    assert err[-1].startswith(f"mlxasr serve: error: model {tmp_path / 'missing'}: ") and len(err) == 2
 
     assert main(["--model", str(checkpoints("aligner-tiny")), "--port", "0"]) == 2
     assert "ForcedAligner word-timing model" in capsys.readouterr().err.strip().splitlines()[-1]
@@ -657,7 +657,7 @@ def test_model_errors_at_start_are_one_line_and_status_2(checkpoints, capsys, tm
         capsys.readouterr()
         .err.strip()
         .splitlines()[-1]
-        .startswith(f"error: aligner {tmp_path / 'no-aligner'}: ")
+        .startswith(f"mlxasr serve: error: aligner {tmp_path / 'no-aligner'}: ")
     )
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
@@ -689,7 +689,7 @@ def test_serve_without_the_default_aligner_and_with_a_full_queue(checkpoints, tm
         url = re.match(r"listening on (http://\S+)", lines[-1]).group(1)
         threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
         assert any(
-            line.startswith("warning: default aligner not cached, ")
+            line.startswith("mlxasr serve: warning: default aligner not cached, ")
             and line.rstrip().endswith(": word timestamps refused; use --aligner PATH or --no-aligner")
             for line in lines
         ), lines

@@ -3,7 +3,8 @@ transcribed, while it waits for its speakers, mid-stream) cancels its diarizatio
 one diarizer is free for the next request; one still queued leaves the queue without stopping the run
 of another, and without an error in the log; /health counts the audio the diarizer holds. Speech
 detection picks what is diarized: audio without speech never reaches the diarizer. The real server on
-a loopback port; the diarizer is a stand-in that blocks until it is cancelled."""
+a loopback port; the diarizer is a stand-in that blocks until it is cancelled, and the real library
+(isolated, as mlxasr serve loads it) on the random-weight preset."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.serve.app import Speakers, create_app
+from tools.make_checkpoint import DIARIZER_PRESET
 from tools.sounds import espeak, trimmed
 
 SAID = "So the first thing I want to talk about today, is the budget for next year."
@@ -276,3 +278,43 @@ def test_only_speech_is_diarized_and_audio_without_speech_never_reaches_the_diar
     finally:
         s.stop()
         speakers.close()
+
+
+def test_with_the_library_a_client_that_leaves_frees_the_diarizer_at_once(model, say, tmp_path, checkpoints):
+    """speakrs checks its cancel token only between its stages (a minute and more apart here): the
+    server's diarizer runs it in a worker process, which a client leaving kills."""
+    pytest.importorskip("speakrs", reason="speakrs (the diarize extra, Python 3.11+) is not installed")
+    diarizer = library.load_diarizer(checkpoints(DIARIZER_PRESET), isolated=True)
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    engine = Engine(model, vad=False, parts=STAGES.parts)
+    speakers = Speakers(diarizer, library)
+    s = Served(
+        create_app(engine, model_id="m", api_key=KEY, upload_dir=uploads, speakers=speakers), engine, uploads
+    )
+    try:
+        gone = Leaving(s, wav_file(tmp_path, 90.0, seed=1).read_bytes())
+        until(lambda: diarizer.progress() is not None, "the diarizer started", 30)
+        until(
+            lambda: health(s)["diarization_queued_seconds"] > 0 and engine.queued_seconds() == 0,
+            "transcribed",
+        )
+        pid = diarizer.worker_pid
+        gone.leave()
+        until(lambda: diarizer.progress() is None, "the diarization stopped", 3)
+        until(lambda: health(s)["diarization_queued_seconds"] == 0, "/health counts nothing", 3)
+        t0 = time.monotonic()
+        response = httpx.post(
+            f"{s.url}/v1/audio/transcriptions",
+            files={"file": ("short.wav", wav_file(tmp_path, 3.0, seed=2).read_bytes())},
+            data={"model": "m", "response_format": "diarized_json"},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        assert time.monotonic() - t0 < 15  # a fresh worker: the models loaded again, 3 s diarized
+        assert diarizer.worker_pid not in (None, pid)
+    finally:
+        s.stop()
+        speakers.close()
+        diarizer.close()

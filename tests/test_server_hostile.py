@@ -477,6 +477,6 @@ def test_an_empty_api_key_is_a_usage_error(capsys, monkeypatch, tmp_path):
             monkeypatch.setenv("MLXASR_API_KEY", env)
         assert main(args + (["--api-key", flag] if flag is not None else [])) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith(f"error: {named}") and "empty" in err[0]
+        assert len(err) == 1 and err[0].startswith(f"mlxasr serve: error: {named}") and "empty" in err[0]
     with pytest.raises(ValueError, match="empty"):
         create_app(None, model_id="m", api_key="")

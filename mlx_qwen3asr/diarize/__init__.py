@@ -18,8 +18,13 @@ threshold gives no more speakers): each try is a full run, and at most two more 
 When no threshold tried gives a count in the range, the closest result is kept and its `warnings` say
 so. One speaker (num_speakers or max_speakers 1) needs no run at all.
 
+load_diarizer(path, isolated=True) runs the library in a worker process instead, which cancel() kills:
+speakrs alone stops only between its stages, minutes apart on long audio (what the server uses).
+
 The package: `turns` (Turn, Turns, DiarizeOptions, DiarizeProgress, the errors), `diarizer` (the
-Diarizer), `loading` (load_diarizer and the execution mode), `speakers` (assign_speakers), `rttm`.
+Diarizer), `loading` (load_diarizer and the execution mode), `process` (the worker process, from the
+parent's side) and `worker` (the script it runs: the standard library, numpy and speakrs only),
+`speakers` (assign_speakers), `rttm`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mlx_qwen3asr.diarize.process import Worker
 from mlx_qwen3asr.diarize.turns import (
     SAMPLE_RATE,
     DiarizeCancelled,
@@ -21,6 +22,7 @@ from mlx_qwen3asr.diarize.turns import (
     Turns,
     _wanted,
 )
+from mlx_qwen3asr.diarize.worker import one_line, segment_spans, threshold_config
 
 # The AHC threshold's range (centroid linkage on unit-length embeddings: distances up to 2), and how
 # many more runs a speaker count may take (each is a full run: speakrs cannot cluster again alone).
@@ -43,10 +45,8 @@ _PRIOR_SPEEDS = {"cpu": _PRIOR_SPEED, "cuda": 0.001, "cudafast": 0.001, "coreml"
 _SPEED_DECAY = 0.5
 
 
-def _reason(error: BaseException) -> str:
-    """A library error in one line, without its category tag."""
-    message = getattr(error, "message", None) or str(error) or type(error).__name__
-    return " ".join(str(message).split())
+# A library error in one line, without its category tag.
+_reason = one_line
 
 
 def _windows(seconds: float) -> float:
@@ -92,21 +92,50 @@ def _joined(
     return np.ascontiguousarray(joined), pieces
 
 
+class _Stop:
+    """The cancel token of an isolated diarizer's call: cancel() sets it and kills the worker process."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.event = threading.Event()
+        self._worker = worker
+
+    def cancel(self) -> None:
+        self.event.set()
+        self._worker.kill()
+
+
 class Diarizer:
     """A loaded diarization pipeline. Call it on 16 kHz mono float32 samples for their turns.
 
     One call runs at a time (others wait); the library releases the GIL while it works, so other
-    threads (transcription) go on. cancel() stops the call in progress at the library's next stage
-    boundary (it raises DiarizeCancelled); Ctrl-C in the calling thread does the same. progress() tells
-    how far the call in progress is, estimate() what a call would cost, both from the speed of the runs
-    timed so far.
+    threads (transcription) go on. cancel() stops the call in progress (it raises DiarizeCancelled): at
+    the library's next stage boundary (minutes apart on long audio on the CPU), or at once for an
+    isolated diarizer, whose library runs are made by a worker process that cancel() kills (the next
+    call starts another, which loads the models again). Ctrl-C in the calling thread stops the call too.
+    progress() tells how far the call in progress is, estimate() what a call would cost, both from the
+    speed of the runs timed so far. close() ends an isolated diarizer's process (so do garbage collection
+    and the interpreter's exit); a later call starts another.
     """
 
-    def __init__(self, pipeline: Any, speakrs: Any, source: str, *, mode: str = "CPU") -> None:
+    def __init__(
+        self,
+        pipeline: Any,
+        speakrs: Any,
+        source: str,
+        *,
+        mode: str = "CPU",
+        model_dir: str | None = None,
+        isolated: bool = False,
+    ) -> None:
         self._pipeline = pipeline
         self._speakrs = speakrs
         self.source = source  # the model folder, or the hub repository and revision
         self.mode = mode  # speakrs's execution mode: "CPU", "CoreML", "CUDA"
+        self._worker: Worker | None = None
+        if isolated:
+            if model_dir is None:
+                raise ValueError("an isolated diarizer needs the folder of its model files (model_dir)")
+            self._worker = Worker(mode, str(model_dir))
         self._lock = threading.Lock()
         self._token: Any = None
         self._token_lock = threading.Lock()
@@ -117,13 +146,36 @@ class Diarizer:
         self._call: tuple[float, float, float, int, int, float] | None = None
 
     def __repr__(self) -> str:
-        return f"Diarizer({self.source!r}, mode={self.mode!r})"
+        isolated = ", isolated=True" if self.isolated else ""
+        return f"Diarizer({self.source!r}, mode={self.mode!r}{isolated})"
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the library runs in a worker process (which cancel() kills) rather than in this one."""
+        return self._worker is not None
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id while it runs (an isolated diarizer), else None."""
+        return None if self._worker is None else self._worker.pid
 
     def cancel(self) -> None:
         """Stop the call in progress, if any (it raises DiarizeCancelled); later calls run as usual."""
         with self._token_lock:
             if self._token is not None:
                 self._token.cancel()
+
+    def close(self) -> None:
+        """Stop the call in progress, if any, and end the worker process of an isolated diarizer."""
+        self.cancel()
+        if self._worker is not None:
+            self._worker.close()
+
+    def __enter__(self) -> Diarizer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def speed(self) -> float:
@@ -156,27 +208,16 @@ class Diarizer:
         return DiarizeProgress(audio, elapsed, min(fraction, 0.999), left, attempt, attempts)
 
     def _config(self, threshold: float | None) -> Any:
-        if threshold is None:
-            return None
-        sp = self._speakrs
-        base = self._pipeline.pipeline_config
-        clustering = sp.ClusteringConfig(
-            ahc=sp.AhcConfig(threshold),
-            vbx=base.clustering.vbx,
-            speaker_keep_threshold=base.clustering.speaker_keep_threshold,
-        )
-        return sp.PipelineConfig(
-            activity=base.activity,
-            clustering=clustering,
-            merge_gap=base.merge_gap,
-            reconstruct_method=base.reconstruct_method,
-            smoothing_epsilon=base.smoothing_epsilon,
-        )
+        return threshold_config(self._speakrs, self._pipeline, threshold)
 
     def _run(self, samples: np.ndarray, threshold: float | None, token: Any, attempt: int) -> list[tuple]:
         with self._token_lock:
             if self._call is not None:
                 self._call = (*self._call[:3], attempt, self._call[4], time.monotonic())
+        if self._worker is not None:
+            spans, took = self._worker.run(samples, threshold, token.event)
+            self._timed(took, samples)
+            return spans
         began = time.perf_counter()
         try:
             result = self._pipeline.diarize_samples(
@@ -186,11 +227,13 @@ class Diarizer:
             if getattr(e, "category", None) == "cancelled":
                 raise DiarizeCancelled("diarization was cancelled") from e
             raise DiarizerError(f"diarization failed: {_reason(e)}") from e
-        took = time.perf_counter() - began
+        self._timed(time.perf_counter() - began, samples)
+        return segment_spans(result.segments, samples.size / SAMPLE_RATE)
+
+    def _timed(self, took: float, samples: np.ndarray) -> None:
         with self._token_lock:
             self._spent = _SPEED_DECAY * self._spent + took
             self._worked = _SPEED_DECAY * self._worked + _windows(samples.size / SAMPLE_RATE)
-        return _spans(result.segments, samples.size / SAMPLE_RATE)
 
     def __call__(
         self,
@@ -225,7 +268,7 @@ class Diarizer:
         speech_seconds = sum(b - a for a, b, _ in pieces) / SAMPLE_RATE
         attempts = 1 if (low, high) == (1, math.inf) else 1 + _MAX_RETRIES
         with self._lock:
-            token = self._speakrs.CancelToken()
+            token = self._speakrs.CancelToken() if self._worker is None else _Stop(self._worker)
             now = time.monotonic()
             with self._token_lock:
                 self._token = token
@@ -286,17 +329,6 @@ def _speaker_count(spans: Sequence[tuple[float, float, str]]) -> int:
 
 def _miss(count: int, low: int, high: float) -> float:
     return low - count if count < low else count - high if count > high else 0
-
-
-def _spans(segments: Sequence[Any], duration: float) -> list[tuple[float, float, str]]:
-    """The library's segments as (start, end, label), within the audio (it pads the last window)."""
-    spans = []
-    for seg in segments:
-        start = min(max(float(seg.start), 0.0), duration)
-        end = min(max(float(seg.end), 0.0), duration)
-        if end > start:
-            spans.append((start, end, str(seg.speaker)))
-    return spans
 
 
 def _turns(spans: Sequence[tuple[float, float, str]], pieces: Sequence[tuple[int, int, int]]) -> list[Turn]:

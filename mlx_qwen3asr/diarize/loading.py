@@ -160,7 +160,7 @@ def _prepare_from_hub(speakrs: Any, mode: str) -> Any:
         ) from e
 
 
-def _load_from_hub(speakrs: Any, mode: str) -> tuple[Any, str]:
+def _load_from_hub(speakrs: Any, mode: str) -> tuple[Any, str, Path]:
     prepared = _prepare_from_hub(speakrs, mode)
     folder = Path(prepared.model_dir)
     _check_values(folder, list(speakrs.required_model_files(mode)))
@@ -169,10 +169,12 @@ def _load_from_hub(speakrs: Any, mode: str) -> tuple[Any, str]:
     except speakrs.SpeakrsError as e:
         raise DiarizerLoadError(f"cannot load the diarization models in {folder}: {_reason(e)}") from e
     revision = prepared.revision or speakrs.DEFAULT_MODEL_REVISION
-    return pipeline, f"{speakrs.DEFAULT_MODEL_REPOSITORY}@{revision}"
+    return pipeline, f"{speakrs.DEFAULT_MODEL_REPOSITORY}@{revision}", folder
 
 
-def load_diarizer(path: str | Path | None = None, *, mode: str | None = None) -> Diarizer:
+def load_diarizer(
+    path: str | Path | None = None, *, mode: str | None = None, isolated: bool = False
+) -> Diarizer:
     """The diarizer, its models loaded.
 
     path: a folder holding the model files of its mode (for the CPU mode: segmentation-3.0.safetensors,
@@ -185,11 +187,22 @@ def load_diarizer(path: str | Path | None = None, *, mode: str | None = None) ->
     (CoreML on macOS arm64; CUDA on Linux with an NVIDIA driver), else the CPU; an accelerated mode that
     does not load (its model files missing, the library refusing) falls back to the CPU, saying so in
     one log line. The diarizer's `mode` says which runs.
+    isolated: the library's runs are made by a worker process (a Python of its own that imports only
+    numpy and speakrs, started on the first call and kept for the next), so that cancel() stops a call
+    at once by killing it, where speakrs itself stops only between its stages (minutes apart on long
+    audio on the CPU); a call after a cancel starts another process, which loads the models again
+    (about a second). The models are loaded and checked here first all the same. What a server uses,
+    whose clients may leave; POSIX only (elsewhere a log line says so and the runs stay in this process).
 
     Raises DiarizerUnavailable without speakrs, DiarizerLoadError for a bad folder, unreadable or
     non-finite models or the hub out of reach (each one line).
     """
     speakrs = _speakrs()
+    if isolated and os.name != "posix":
+        log.warning(
+            "diarizer: no worker process on this platform; a cancel waits for the library's next stage"
+        )
+        isolated = False
     folder = None if path is None else Path(path).expanduser()
     if mode is None:
         chosen = _auto_mode(speakrs)
@@ -197,17 +210,19 @@ def load_diarizer(path: str | Path | None = None, *, mode: str | None = None) ->
         chosen = {m.lower(): m for m in _available(speakrs)}.get(str(mode).lower(), str(mode))
     if mode is None and not _is_cpu(chosen):
         try:
-            return _load(speakrs, folder, chosen)
+            return _load(speakrs, folder, chosen, isolated)
         except DiarizerLoadError as e:
             if folder is not None and not folder.is_dir():
                 raise
             log.warning("diarizer: speakrs's %s mode did not load (%s); running on the CPU", chosen, e)
             chosen = "CPU"
-    return _load(speakrs, folder, chosen)
+    return _load(speakrs, folder, chosen, isolated)
 
 
-def _load(speakrs: Any, folder: Path | None, mode: str) -> Diarizer:
+def _load(speakrs: Any, folder: Path | None, mode: str, isolated: bool) -> Diarizer:
     if folder is not None:
-        return Diarizer(_load_from_folder(speakrs, folder, mode), speakrs, str(folder), mode=mode)
-    pipeline, source = _load_from_hub(speakrs, mode)
-    return Diarizer(pipeline, speakrs, source, mode=mode)
+        pipeline = _load_from_folder(speakrs, folder, mode)
+        source = str(folder)
+    else:
+        pipeline, source, folder = _load_from_hub(speakrs, mode)
+    return Diarizer(pipeline, speakrs, source, mode=mode, model_dir=str(folder), isolated=isolated)
