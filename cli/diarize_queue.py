@@ -4,7 +4,6 @@ detection finds speech, and the run's transcriptions paired with their speakers 
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -13,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
-from mlx_qwen3asr.audio.files import read_audio
-from mlx_qwen3asr.audio.vad import VadOptions, detect_speech
+from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.cli.reporter import SpeakerWork
+from mlx_qwen3asr.diarize.given import diarize_speech, read_samples, speech_seconds
 from mlx_qwen3asr.pipeline.inputs import samples_in_memory
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "DiarizeQueue",
     "Outcome",
     "SpeakerPairs",
-    "diarize_samples",
     "read_samples",
     "speech_seconds",
 ]
@@ -35,40 +33,6 @@ WAITING_SAMPLES = 40 * 60 * SAMPLE_RATE
 LOST = "the diarizer stopped before this file"
 # How often (seconds) a run waiting for speakers tells the reporter how the diarizer is getting on.
 POLL_SECONDS = 0.5
-
-
-def _takes_speech(diarizer: Any) -> bool:
-    """Whether diarizer(samples, options, speech=...) is understood (stand-ins in tests may not take it)."""
-    try:
-        params = inspect.signature(diarizer).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "speech" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
-def diarize_samples(diarizer: Any, samples: np.ndarray, options: Any, speech: Any = None) -> Any:
-    """The speaker turns of 16 kHz float32 samples (the library's Turns: a list, with its `warnings`);
-    speech: the (start, end) seconds to diarize, None for all of it."""
-    samples = np.ascontiguousarray(samples, dtype=np.float32)
-    if speech is not None and _takes_speech(diarizer):
-        return diarizer(samples, options, speech=speech)
-    return diarizer(samples, options)
-
-
-def speech_seconds(samples: np.ndarray, vad: VadOptions | None) -> list[tuple[float, float]] | None:
-    """Where speech detection finds speech in samples, as (start, end) seconds; None without detection."""
-    if vad is None:
-        return None
-    return [(s.start / SAMPLE_RATE, s.end / SAMPLE_RATE) for s in detect_speech(samples, vad)]
-
-
-def read_samples(audio: Any) -> np.ndarray:
-    """A file's samples (16 kHz float32 mono, as transcription reads them), whole."""
-    decoded = read_audio(audio)
-    try:
-        return np.array(decoded.signal.samples(), dtype=np.float32, copy=True)
-    finally:
-        decoded.signal.close()
 
 
 @dataclass(frozen=True)
@@ -240,7 +204,7 @@ class DiarizeQueue:
         with self._cond:
             if speech is not None:  # what the diarizer is given, for the time left
                 self._seconds[key] = sum(end - start for start, end in speech)
-        return diarize_samples(self._diarizer, samples, self._options, speech)
+        return diarize_speech(self._diarizer, samples, self._options, speech)
 
     def _diarize_all(self) -> None:
         while (item := self._next()) is not None:

@@ -19,8 +19,6 @@ from mlx_qwen3asr.cli.diarize_queue import (
     DiarizeQueue,
     Outcome,
     SpeakerPairs,
-    diarize_samples,
-    read_samples,
 )
 from mlx_qwen3asr.cli.models import Messages, load_reason
 from mlx_qwen3asr.cli.options import int_in, moot, span
@@ -38,10 +36,8 @@ __all__ = [
     "Unavailable",
     "add_diarization",
     "check_diarization",
-    "diarize_samples",
     "library",
     "load_diarizer",
-    "read_samples",
 ]
 
 DIARIZER_ENV = "MLXASR_DIARIZER"

@@ -24,12 +24,13 @@ speakrs alone stops only between its stages, minutes apart on long audio (what t
 The package: `turns` (Turn, Turns, DiarizeOptions, DiarizeProgress, the errors), `diarizer` (the
 Diarizer), `loading` (load_diarizer and the execution mode), `process` (the worker process, from the
 parent's side) and `worker` (the script it runs: the standard library, numpy and speakrs only),
-`speakers` (assign_speakers), `rttm`.
+`speakers` (assign_speakers), `rttm`, `given` (what a diarizer is given: samples, the speech found).
 """
 
 from __future__ import annotations
 
 from mlx_qwen3asr.diarize.diarizer import Diarizer
+from mlx_qwen3asr.diarize.given import diarize_speech, read_samples, speech_seconds
 from mlx_qwen3asr.diarize.loading import load_diarizer
 from mlx_qwen3asr.diarize.rttm import rttm_lines
 from mlx_qwen3asr.diarize.speakers import OVERLAP_SHARE, assign_speakers, speaker_label, split_at_speakers
@@ -62,8 +63,11 @@ __all__ = [
     "Turn",
     "Turns",
     "assign_speakers",
+    "diarize_speech",
     "load_diarizer",
+    "read_samples",
     "rttm_lines",
     "speaker_label",
+    "speech_seconds",
     "split_at_speakers",
 ]

@@ -9,7 +9,6 @@ detection finds is diarized; audio without speech never reaches the diarizer."""
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 from collections import deque
@@ -20,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
-from mlx_qwen3asr.audio.files import read_audio
-from mlx_qwen3asr.audio.vad import VadOptions, detect_speech
+from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.diarize.given import diarize_speech, read_samples, speech_seconds
 from mlx_qwen3asr.pipeline.result import Transcription
 
 __all__ = ["Diarization", "Speakers"]
@@ -51,15 +50,6 @@ class Diarization:
         return self.future.done()
 
 
-def _takes_speech(diarizer: Any) -> bool:
-    """Whether the diarizer is called with speech= (mlx_qwen3asr.diarize.Diarizer; stand-ins may not be)."""
-    try:
-        params = inspect.signature(diarizer).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "speech" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
 class Speakers:
     """The server's diarizer: submit() queues a request's audio (one file at a time, in order) and gives
     its Diarization; assign() gives a transcription its speakers.
@@ -75,7 +65,6 @@ class Speakers:
         self.diarizer, self.lib = diarizer, lib
         self.options = options if options is not None else lib.DiarizeOptions()
         self.vad = vad
-        self._speech = _takes_speech(diarizer)
         self._cond = threading.Condition()
         self._waiting: deque[Diarization] = deque()
         self._running: Diarization | None = None
@@ -127,27 +116,19 @@ class Speakers:
     def _diarize(self, item: Diarization) -> list[Any]:
         audio = item.audio
         if isinstance(audio, str):  # a long upload, kept on disk: read whole for the diarizer
-            decoded = read_audio(audio)
-            try:
-                samples = np.array(decoded.signal.samples(), dtype=np.float32, copy=True)
-            finally:
-                decoded.signal.close()
+            samples = read_samples(audio)
         else:
             samples = np.ascontiguousarray(audio, dtype=np.float32)
         seconds = samples.shape[0] / SAMPLE_RATE
-        if self.vad is None:
-            speech = None
-        else:
-            speech = [(s.start / SAMPLE_RATE, s.end / SAMPLE_RATE) for s in detect_speech(samples, self.vad)]
+        speech = speech_seconds(samples, self.vad)
+        if speech is not None:
             if not speech:
                 log.debug("no speech in %.1f s of audio: nothing to diarize", seconds)
                 return []
         if item.cancelled:
             raise self._cancelled()
         log.debug("diarizing %.1f s of audio", seconds)
-        if self._speech:
-            return list(self.diarizer(samples, self.options, speech=speech))
-        return list(self.diarizer(samples, self.options))
+        return list(diarize_speech(self.diarizer, samples, self.options, speech))
 
     def _cancelled(self) -> Exception:
         kind = getattr(self.lib, "DiarizeCancelled", None)
