@@ -61,7 +61,7 @@ def script_batches(say: Callable[[list[int]], list[int]], *, to_budget: bool = F
     record = Record()
 
     class Scripted:
-        def __init__(self, net, eos_ids, *, prefix=None, keep_logits=False):
+        def __init__(self, net, eos_ids, *, prefix=None, keep_logits=False, header=None):
             self.prefix, self.pending = prefix, []
 
         def __len__(self) -> int:

@@ -10,6 +10,7 @@ from reference import test_signal
 
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
+from mlx_qwen3asr.model import batch as decoding
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.generate import greedy_generate, greedy_generate_batch
@@ -173,7 +174,7 @@ def inputs_for_test():
 
 
 def test_batch_size_does_not_change_any_text(model, monkeypatch):
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)  # same work whatever stops a row
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)  # same work whatever stops a row
     one = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=1, vad=False)
     many = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=6, vad=False)
     assert [r.text for r in one] == [r.text for r in many]
@@ -242,7 +243,7 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     """Without batch_size, the batch holds as many rows (longest first) as the KV memory share allows."""
     from scripted import spy_batches
 
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     per_position = kv_bytes_per_position(model)
 
     def run(memory: int, max_batch: int | None = None):
@@ -352,7 +353,7 @@ def test_continuous_batching_gives_the_texts_of_batch_after_batch(model, monkeyp
     at once, and every segment's text is the one it gets when batches are closed until they drain."""
     from scripted import spy_batches
 
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     rng = np.random.default_rng(4)
     rates = {}
 
@@ -474,7 +475,7 @@ def test_the_benchmark_times_every_stage_and_decodes_the_budget(model, tmp_path)
     assert run.tokens == 3 * 4  # rows decoded at each step: every row its whole budget, whatever it says
     for stage in ("audio decode", "mel + cutting", "encoder", "prefill", "decode"):
         assert run.stages[stage] > 0, stage
-    assert generate.LOOP_CHECK_EVERY < 1000  # the loop stop is back on after the run
+    assert decoding.LOOP_CHECK_EVERY < 1000  # the loop stop is back on after the run
 
 
 @pytest.mark.parametrize("context", ["", "Qwen, MLX, " * 60], ids=["system-prompt", "long-context"])
@@ -507,7 +508,7 @@ def test_a_step_of_another_context_waits_for_the_batch_to_drain(model, monkeypat
     from mlx_qwen3asr.pipeline.streaming import window_suffix_ids
     from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     tok = model.tokenizer
     record = spy_batches()
     starts = []  # each join's prompt start

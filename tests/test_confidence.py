@@ -16,7 +16,6 @@ from mlx_qwen3asr.audio.cutting import Span
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import (
-    HEADER,
     DecodeBatch,
     Generation,
     HeaderIds,
@@ -53,6 +52,12 @@ def features(pair, detected):
     return ours.net.audio_tower(encoder_batch([detected.mel], ours.config.audio_config))
 
 
+@pytest.fixture(scope="module")
+def real(pair) -> HeaderIds:
+    """The answer's header ids, as the checkpoint's tokenizer spells them."""
+    return HeaderIds.from_tokenizer(pair[1].tokenizer)
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     return torch.log_softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)), dim=-1).numpy()
 
@@ -74,7 +79,7 @@ def official_next_logits(ref: OfficialReference, text: str) -> tuple[list[int], 
     return inputs["input_ids"][0].tolist(), out.logits[0][0].float().numpy()
 
 
-def decode(net, prompts, feats, budgets, header=HEADER, prefill_rows=None) -> list[Generation]:
+def decode(net, prompts, feats, budgets, header, prefill_rows=None) -> list[Generation]:
     batch = DecodeBatch(net, EOS, header=header, prefill_rows=prefill_rows)
     done = dict(batch.add(prompts, feats, budgets, range(len(prompts))))
     while len(batch):
@@ -84,14 +89,16 @@ def decode(net, prompts, feats, budgets, header=HEADER, prefill_rows=None) -> li
 
 def test_the_header_ids_are_the_vocabulary_s(pair):
     tok = pair[1].tokenizer
+    header = HeaderIds.from_tokenizer(tok)
+    assert header == HeaderIds(turn=151644, language=11528, none=2240)  # the Qwen3-ASR vocabulary's
     assert tok.encode("assistant\nlanguage None") == [
         tok.encode("assistant")[0],
         198,
-        HEADER.language,
-        HEADER.none,
+        header.language,
+        header.none,
     ]
-    assert tok.encode("language None<asr_text>")[:2] == [HEADER.language, HEADER.none]
-    assert tok.token_to_id("<|im_start|>") == HEADER.turn
+    assert tok.encode("language None<asr_text>")[:2] == [header.language, header.none]
+    assert tok.token_to_id("<|im_start|>") == header.turn
 
 
 def test_avg_logprob_is_the_official_mean_log_softmax_of_the_greedy_tokens(
@@ -117,37 +124,37 @@ def test_avg_logprob_is_the_official_mean_log_softmax_of_the_greedy_tokens(
     assert seg.avg_logprob == pytest.approx(float(np.mean(expected[text_from:])), abs=1e-3)
 
 
-def test_no_speech_prob_where_the_model_names_the_language(pair, detected, features):
+def test_no_speech_prob_where_the_model_names_the_language(pair, detected, features, real):
     """Random weights never write "language" first: the model's own first token stands in for it here,
     so the step after it is where the probability of " None" is read."""
     _, ours = pair
     ids = detected.greedy_ids
     first = ids[0]
     assert first not in EOS and len(ids) > 2
-    header = HeaderIds(turn=HEADER.turn, language=first, none=HEADER.none)
+    header = HeaderIds(turn=real.turn, language=first, none=real.none)
     (gen,) = decode(ours.net, [detected.input_ids], [features], [STEPS], header)
-    expected = float(log_softmax(detected.step_logits[1])[HEADER.none])
+    expected = float(log_softmax(detected.step_logits[1])[real.none])
     assert gen.no_speech_prob is not None and 0 < gen.no_speech_prob < 1
     assert np.log(gen.no_speech_prob) == pytest.approx(expected, abs=1e-3)
     # With the real header ids the model never named a language: there is no such place.
-    (plain,) = decode(ours.net, [detected.input_ids], [features], [STEPS])
+    (plain,) = decode(ours.net, [detected.input_ids], [features], [STEPS], real)
     assert plain.tokens == gen.tokens and plain.no_speech_prob is None
     assert decoded_segment(ours.tokenizer, plain, Span(0, len(WAV)), None).no_speech_prob == 0.0
 
 
-def test_a_forced_language_takes_no_speech_prob_from_the_prompt(pair, features):
+def test_a_forced_language_takes_no_speech_prob_from_the_prompt(pair, features, real):
     ref, ours = pair
     forced = ref.run(WAV, language="English", steps=8)
     prompt = build_prompt_ids(ours.tokenizer, int(features.shape[0]), language="English")
     assert prompt == forced.input_ids
     at = len(prompt) - 3  # ... "language" " English" <asr_text>
-    assert prompt[at] == HEADER.language
+    assert prompt[at] == real.language
     head_ids, head_logits = official_next_logits(ref, ref.prompt_text() + "language")
     assert head_ids == prompt[: at + 1]
-    gen = greedy_generate(ours.net, prompt, features, 8, EOS)
+    gen = greedy_generate(ours.net, prompt, features, 8, EOS, header=real)
     assert gen.tokens == [t for t in forced.greedy_ids if t not in EOS]
     assert gen.no_speech_prob is not None and 0 < gen.no_speech_prob < 1
-    expected = float(log_softmax(head_logits)[HEADER.none])
+    expected = float(log_softmax(head_logits)[real.none])
     assert np.log(gen.no_speech_prob) == pytest.approx(expected, abs=1e-3)
     # No header is written: every token is text.
     expected_lp = chosen_logprobs(forced.step_logits, forced.greedy_ids)
@@ -156,7 +163,7 @@ def test_a_forced_language_takes_no_speech_prob_from_the_prompt(pair, features):
     assert seg.no_speech_prob == gen.no_speech_prob
 
 
-def test_each_row_of_a_batch_gets_what_it_gets_alone(pair):
+def test_each_row_of_a_batch_gets_what_it_gets_alone(pair, real):
     _, ours = pair
     tok = ours.tokenizer
     rng = np.random.default_rng(3)
@@ -171,9 +178,9 @@ def test_each_row_of_a_batch_gets_what_it_gets_alone(pair):
     budgets = [12, 7, 15, 9]
     # The first row's own first token stands in for "language": its next step names the language, and
     # it takes the place of "language" in the headers of the prompts with a forced language.
-    first = decode(ours.net, prompts[:1], feats[:1], [1])[0].tokens[0]
-    header = HeaderIds(turn=HEADER.turn, language=first, none=HEADER.none)
-    prompts = [[first if t == HEADER.language else t for t in p] for p in prompts]
+    first = decode(ours.net, prompts[:1], feats[:1], [1], real)[0].tokens[0]
+    header = HeaderIds(turn=real.turn, language=first, none=real.none)
+    prompts = [[first if t == real.language else t for t in p] for p in prompts]
     alone = [
         decode(ours.net, [p], [f], [b], header)[0] for p, f, b in zip(prompts, feats, budgets, strict=True)
     ]

@@ -16,7 +16,7 @@ from reference import test_signal
 
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
-from mlx_qwen3asr.model import generate
+from mlx_qwen3asr.model import prefill
 from mlx_qwen3asr.model.generate import greedy_generate_batch, prefill_prefix
 from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.pipeline.parts import Parts
@@ -79,16 +79,16 @@ def test_chunked_prefill_equals_one_pass(model, monkeypatch):
     tok = model.tokenizer
     features = features_for(model, [4.0, 2.0])
     prompts = [build_prompt_ids(tok, int(f.shape[0]), context=context) for f in features]
-    assert len(prompts[0]) > 3 * generate.PREFILL_CHUNK
+    assert len(prompts[0]) > 3 * prefill.PREFILL_CHUNK
     chunked = greedy_generate_batch(model.net, prompts, features, [16, 16], EOS, keep_logits=True)
-    monkeypatch.setattr(generate, "PREFILL_CHUNK", 10**6)
+    monkeypatch.setattr("mlx_qwen3asr.model.prefill.PREFILL_CHUNK", 10**6)
     whole = greedy_generate_batch(model.net, prompts, features, [16, 16], EOS, keep_logits=True)
     for a, b in zip(chunked, whole):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(np.array(a.logits[0]), np.array(b.logits[0]), atol=1e-3)
-    monkeypatch.setattr(generate, "PREFILL_CHUNK", 512)
+    monkeypatch.setattr("mlx_qwen3asr.model.prefill.PREFILL_CHUNK", 512)
     prefix_chunked = prefill_prefix(model.net, prompt_prefix_ids(tok, context))
-    monkeypatch.setattr(generate, "PREFILL_CHUNK", 10**6)
+    monkeypatch.setattr("mlx_qwen3asr.model.prefill.PREFILL_CHUNK", 10**6)
     prefix_whole = prefill_prefix(model.net, prompt_prefix_ids(tok, context))
     for (k1, v1), (k2, v2) in zip(prefix_chunked.layers, prefix_whole.layers):
         np.testing.assert_allclose(np.array(k1), np.array(k2), atol=1e-4)
@@ -103,7 +103,7 @@ def test_the_context_is_prefilled_once_per_run(model, monkeypatch):
         return prefill_prefix(net, ids)
 
     parts = Parts(prefill=spy)
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     context = context_of(model, 400)
     inputs = [test_signal(s, seed=i) for i, s in enumerate([3.0, 5.0, 2.0, 4.0, 6.0])]
     results = mlx_qwen3asr.transcribe(model, inputs, context=context, batch_size=2, vad=False, parts=parts)

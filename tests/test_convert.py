@@ -14,13 +14,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from logits import prefill_logits
 from mlx.utils import tree_flatten
 
 import mlx_qwen3asr
 from mlx_qwen3asr.checkpoints.convert import ConvertError, convert_checkpoint
 from mlx_qwen3asr.cli.convert import main
 from mlx_qwen3asr.model.encoder import encoder_batch
-from mlx_qwen3asr.model.generate import prefill_logits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVS = ("conv2d1", "conv2d2", "conv2d3")

@@ -19,7 +19,6 @@ from test_server import KEY, Served, error_of, wav_file
 
 import mlx_qwen3asr
 import mlx_qwen3asr.cli.diarizing as diarizing
-from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.serve.app import Speakers, create_app
 
@@ -78,7 +77,7 @@ def server(served, model, monkeypatch):
         )
     )
     monkeypatch.setattr(STAGES, "batch", say.batch)
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     DIARIZER.sleep, DIARIZER.fail = 0.0, False
     DIARIZER.calls.clear()
     DIARIZER.speech.clear()

@@ -27,7 +27,7 @@ def texts(result):
 def test_concurrent_jobs_share_steps_and_each_gets_its_own_result(model, monkeypatch):
     from scripted import spy_batches
 
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     # Segments of different lengths stop at different steps, as real speech does.
     record = spy_batches()
     parts = record.parts(budget=lambda seconds: 6 + int(3 * seconds))
@@ -68,7 +68,7 @@ def test_segments_stream_in_time_order(model):
 
 
 def test_a_cancelled_job_leaves_and_the_others_finish(model, monkeypatch):
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     engine = Engine(model, batch_size=4, vad=False)
     try:
         keep = engine.submit(test_signal(4.0, seed=1), seconds=4.0)
@@ -107,7 +107,7 @@ def test_a_step_joins_the_batch_of_file_segments_and_decodes_as_alone(model, mon
     from mlx_qwen3asr.pipeline.streaming import window_suffix_ids
     from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     record = spy_batches()
     steps: list[list] = []  # the row keys of every decoding step
     joins: list[tuple[list, list]] = []  # the keys and prompts of every join
@@ -138,8 +138,9 @@ def test_a_step_joins_the_batch_of_file_segments_and_decodes_as_alone(model, mon
         gen = holder["step"].result(timeout=120)
     finally:
         engine.close()
-    step_keys = [keys for keys, prompts in joins if any(generate.HEADER.language in p for p in prompts)]
-    file_keys = [keys for keys, prompts in joins if not any(generate.HEADER.language in p for p in prompts)]
+    language = generate.HeaderIds.from_tokenizer(tok).language
+    step_keys = [keys for keys, prompts in joins if any(language in p for p in prompts)]
+    file_keys = [keys for keys, prompts in joins if not any(language in p for p in prompts)]
     assert len(step_keys) == 1 and len(step_keys[0]) == 1 and file_keys
     step_key, file_key = step_keys[0][0], file_keys[0][0]
     assert any(step_key in keys and file_key in keys for keys in steps)  # decoded side by side

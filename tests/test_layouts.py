@@ -288,8 +288,9 @@ def test_not_a_qwen3_asr_checkpoint_is_named(tmp_path):
 
 
 def test_aligner_in_both_layouts_gives_the_same_logits(checkpoints):
+    from logits import prefill_logits
+
     from mlx_qwen3asr.model.encoder import encoder_batch
-    from mlx_qwen3asr.model.generate import prefill_logits
 
     logits = []
     for layout in ("release", "hf"):

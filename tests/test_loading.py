@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from logits import prefill_logits
 from mlx.utils import tree_flatten
 
 import mlx_qwen3asr
@@ -20,7 +21,6 @@ from mlx_qwen3asr.checkpoints import loading
 from mlx_qwen3asr.checkpoints.convert import convert_checkpoint
 from mlx_qwen3asr.checkpoints.loading import ModelLoadError, resolve_model_path
 from mlx_qwen3asr.model.encoder import encoder_batch
-from mlx_qwen3asr.model.generate import prefill_logits
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
 
 CONVS = ("conv2d1", "conv2d2", "conv2d3")

@@ -53,7 +53,7 @@ def speaking_batches(tokenizer, before_step=None) -> type:
     word = tokenizer.encode(" word")
 
     class Speaking:
-        def __init__(self, net, eos_ids, *, prefix=None, keep_logits=False):
+        def __init__(self, net, eos_ids, *, prefix=None, keep_logits=False, header=None):
             self.rows: list[_Row] = []
 
         def __len__(self) -> int:

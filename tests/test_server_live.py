@@ -453,11 +453,11 @@ def test_file_request_during_a_live_session(model, make):
 def test_a_failing_live_step_ends_its_session_only(model, make):
     """The prefill of the live session's rows (no forced language) fails: that session ends with one
     error; a file request (forced language) made meanwhile answers, and so does another session."""
-    from mlx_qwen3asr.model.generate import HEADER, DecodeBatch
+    from mlx_qwen3asr.model.generate import DecodeBatch
 
     class Faulty(DecodeBatch):
         def add(self, prompts, audio_features, max_new_tokens, keys):
-            if any(HEADER.language not in p for p in prompts):
+            if any(self.header.language not in p for p in prompts):
                 raise RuntimeError("prefill failed")
             return super().add(prompts, audio_features, max_new_tokens, keys)
 

@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram  # noqa: E402
-from mlx_qwen3asr.model import generate  # noqa: E402
+from mlx_qwen3asr.model import batch as decoding  # noqa: E402
 from mlx_qwen3asr.model.generate import greedy_generate_batch  # noqa: E402
 from mlx_qwen3asr.pipeline.encoding import encode_segments  # noqa: E402
 from mlx_qwen3asr.pipeline.inputs import InputOptions  # noqa: E402
@@ -161,16 +161,16 @@ class Budget:
 @contextlib.contextmanager
 def no_loop_stop():
     """Rows are never stopped for looping (random weights loop often): each decodes its whole budget."""
-    if not hasattr(generate, "LOOP_CHECK_EVERY"):
+    if not hasattr(decoding, "LOOP_CHECK_EVERY"):
         raise RuntimeError(
-            "mlx_qwen3asr.model.generate.LOOP_CHECK_EVERY is gone: the loop stop cannot be turned off"
+            "mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY is gone: the loop stop cannot be turned off"
         )
-    real = generate.LOOP_CHECK_EVERY
-    generate.LOOP_CHECK_EVERY = 1 << 30
+    real = decoding.LOOP_CHECK_EVERY
+    decoding.LOOP_CHECK_EVERY = 1 << 30
     try:
         yield
     finally:
-        generate.LOOP_CHECK_EVERY = real
+        decoding.LOOP_CHECK_EVERY = real
 
 
 def instrumented(stages: Stages, budget: Budget) -> Parts:

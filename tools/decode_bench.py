@@ -8,7 +8,7 @@ folder (tools/make_checkpoint.py) and, with --quantize 4 (or 8), converted by ou
 (mlx_qwen3asr.checkpoints.convert, group size 64, decoder and embedding quantized, encoder left float).
 --quantize takes a list: `none` is the checkpoint as written, in --dtype.
 
-1. Step time against rows. Our side is mlx_qwen3asr.model.generate.DecodeBatch: `add` prefills
+1. Step time against rows. Our side is mlx_qwen3asr.model.batch.DecodeBatch: `add` prefills
    --prompt-tokens text-only positions per row (no audio features), then `step()` advances every row
    one token with the next step kept in flight. The loop stop is off (LOOP_CHECK_EVERY) and no token
    ends a row (no EOS ids), so every row decodes the whole budget. mlx-lm's side is its qwen3.Model
@@ -70,7 +70,7 @@ import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from mlx_qwen3asr.model import generate  # noqa: E402
+from mlx_qwen3asr.model import batch as decoding  # noqa: E402
 
 DEFAULT_ROWS = "1,4,16,32"
 PROMPT_LOW, PROMPT_HIGH = 1000, 150000  # ordinary text tokens (the special ones start at 151643)
@@ -221,12 +221,12 @@ def graph_alone(build, repeats: int = 3) -> dict:
 
 @contextlib.contextmanager
 def no_loop_stop():
-    saved = generate.LOOP_CHECK_EVERY
-    generate.LOOP_CHECK_EVERY = 10**9
+    saved = decoding.LOOP_CHECK_EVERY
+    decoding.LOOP_CHECK_EVERY = 10**9
     try:
         yield
     finally:
-        generate.LOOP_CHECK_EVERY = saved
+        decoding.LOOP_CHECK_EVERY = saved
 
 
 def run_ours(net, prompts: list[list[int]], args, profile: bool) -> dict:
@@ -235,7 +235,7 @@ def run_ours(net, prompts: list[list[int]], args, profile: bool) -> dict:
     hidden = net.config.text_config.hidden_size
     with no_loop_stop():
         # No EOS ids: no token ends a row; the budget is never reached in the steps timed.
-        batch = generate.DecodeBatch(net, frozenset())
+        batch = decoding.DecodeBatch(net, frozenset())
         start = time.perf_counter()
         done = batch.add(prompts, [mx.zeros((0, hidden))] * rows, [budget] * rows, list(range(rows)))
         mx.eval(batch.y, batch.scores)
@@ -258,10 +258,10 @@ def run_ours(net, prompts: list[list[int]], args, profile: bool) -> dict:
             "tokens": list(batch.rows[0].tokens),
         }
         if profile:
-            with timed_async_eval(generate) as clock:
+            with timed_async_eval(decoding) as clock:
                 result["profile"] = profile_steps(batch.step, clock, args.profile_steps)
-            none = generate.HEADER.none
-            chosen = getattr(generate, "_chosen_scores", None)
+            none = batch.header.none
+            chosen = getattr(decoding, "chosen_scores", None)
 
             def build():
                 hidden_states = net.model(net.model.embed_tokens(batch.y[:, None]), cache=batch.cache)

@@ -85,7 +85,7 @@ def serve_ours(args: argparse.Namespace) -> int:
     not stopped, tokens_per_second tokens per second of audio."""
     sys.path.insert(0, str(REPO_ROOT))
     import mlx_qwen3asr  # (first: it loads OpenBLAS before MLX)
-    from mlx_qwen3asr.model import generate
+    from mlx_qwen3asr.model import batch as decoding
     from mlx_qwen3asr.pipeline.engine import Engine
     from mlx_qwen3asr.pipeline.parts import Parts
     from mlx_qwen3asr.serve.app import create_app, uvicorn_config
@@ -98,9 +98,9 @@ def serve_ours(args: argparse.Namespace) -> int:
             super().__init__(net, frozenset(), **kwargs)
 
     parts = Parts(batch=WithoutEOS, budget=lambda seconds: max(1, round(rate * seconds)))
-    if not hasattr(generate, "LOOP_CHECK_EVERY"):
-        raise RuntimeError("mlx_qwen3asr.model.generate.LOOP_CHECK_EVERY is gone: the loop stop stays on")
-    generate.LOOP_CHECK_EVERY = 1 << 30
+    if not hasattr(decoding, "LOOP_CHECK_EVERY"):
+        raise RuntimeError("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY is gone: the loop stop stays on")
+    decoding.LOOP_CHECK_EVERY = 1 << 30
 
     import uvicorn
 

@@ -1,1 +1,2 @@
-"""The model itself: configuration, MLX modules, the CPU kernels and greedy decoding."""
+"""The model itself: configuration, the MLX modules, and greedy decoding: prefill, the decoding batch,
+decoding after a draft, and the entry points (generate.py)."""

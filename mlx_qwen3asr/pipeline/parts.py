@@ -40,8 +40,8 @@ class Parts:
     mel(signal, span) -> the log-mel spectrogram of one segment, when its batch comes.
     encode(model, mels) -> the audio features of each segment.
     prefill(net, ids) -> Prefix: the keys and values of a prompt start (system prompt and context).
-    batch(net, eos_ids, prefix=...) -> a DecodeBatch: rows join with add(), advance with step(), leave
-        with drop().
+    batch(net, eos_ids, prefix=..., header=...) -> a DecodeBatch: rows join with add(), advance with
+        step(), leave with drop(); header: the answer's header ids, read from the tokenizer.
     budget(seconds) -> the most tokens a segment of that length may decode.
     memory() -> bytes the process can still use (sizes automatic batches).
     align(aligner, mels, texts, languages, spans) -> each segment's timed words.

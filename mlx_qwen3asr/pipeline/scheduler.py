@@ -23,7 +23,7 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_fr
 from mlx_qwen3asr.audio.signal import ArraySignal
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
-from mlx_qwen3asr.model.generate import DecodeBatch, Generation
+from mlx_qwen3asr.model.generate import DecodeBatch, Generation, HeaderIds
 from mlx_qwen3asr.pipeline.alignment import why_not_aligned
 from mlx_qwen3asr.pipeline.assembly import decoded_segment
 from mlx_qwen3asr.pipeline.inputs import (
@@ -42,7 +42,7 @@ from mlx_qwen3asr.pipeline.readahead import ReadAhead
 from mlx_qwen3asr.pipeline.result import InputResult, Segment
 from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.text.languages import resolve_language
-from mlx_qwen3asr.text.prompt import prompt_suffix_ids
+from mlx_qwen3asr.text.prompt import PromptIds, prompt_suffix_ids
 
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
 ALIGN_GROUP = 8
@@ -181,8 +181,8 @@ class Scheduler:
         self.fixed = max(1, int(batch_size)) if batch_size else None
         self.size = self.fixed or max(1, int(max_batch or tuning().max_batch))
         self.kv_memory = None if self.fixed else int(self.parts.memory() * MEMORY_FRACTION)
-        tok = model.tokenizer
-        self.eos = frozenset({tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")})
+        self.eos = PromptIds.from_tokenizer(model.tokenizer).eos
+        self.header = HeaderIds.from_tokenizer(model.tokenizer)
         self.inputs = ReadAhead(self.parts, max_segment_seconds, held_seconds)
         self.pending: dict[Hashable, _Pending] = {}
         self.pool: list[_Task] = []
@@ -418,7 +418,7 @@ class Scheduler:
             self._fail([t.pending for t in chosen], e)
             return
         if self.batch is None:
-            self.batch = self.parts.batch(self.model.net, self.eos, prefix=prefix)
+            self.batch = self.parts.batch(self.model.net, self.eos, prefix=prefix, header=self.header)
         for t in chosen:
             self.in_batch[id(t)] = t
         try:

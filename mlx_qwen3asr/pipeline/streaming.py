@@ -89,6 +89,7 @@ from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import (
     Generation,
+    HeaderIds,
     Prefix,
     extend_prefix,
     greedy_generate,
@@ -100,7 +101,7 @@ from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.runtime.backend import tuning
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.output import join_texts, parse_output
-from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids
+from mlx_qwen3asr.text.prompt import PromptIds, prompt_prefix_ids, prompt_suffix_ids
 
 __all__ = [
     "DEFAULT_MAX_WINDOW_SECONDS",
@@ -359,9 +360,8 @@ class StreamingTranscriber:
                 )
         self._quiet_window = max(4, int(QUIET_WINDOW_MS / 1000.0 * SAMPLE_RATE))
 
-        self._eos = frozenset(
-            {self.tokenizer.token_to_id("<|endoftext|>"), self.tokenizer.token_to_id("<|im_end|>")}
-        )
+        self._eos = PromptIds.from_tokenizer(self.tokenizer).eos
+        self._header = HeaderIds.from_tokenizer(self.tokenizer)
         self._start_ids = prompt_prefix_ids(self.tokenizer, self.context)  # checks the context now
         self._start: Prefix | None = None
         self._decode_step: Decode = decode if decode is not None else self._decode_here
@@ -815,9 +815,18 @@ class StreamingTranscriber:
             taken = complete * tokens_per_block
             tail = new[taken - len(have) * tokens_per_block :]
             return greedy_generate(
-                net, rest[head + taken :], tail, budget, self._eos, prefix=prefix, draft=draft
+                net,
+                rest[head + taken :],
+                tail,
+                budget,
+                self._eos,
+                prefix=prefix,
+                draft=draft,
+                header=self._header,
             )
-        return greedy_generate(net, rest, new, budget, self._eos, prefix=self._start, draft=draft)
+        return greedy_generate(
+            net, rest, new, budget, self._eos, prefix=self._start, draft=draft, header=self._header
+        )
 
     def _encode_tail(self, mel: np.ndarray, start_frame: int) -> mx.array:
         """Encoder features of the frames from `start_frame` (a block boundary) on. The conv stem works

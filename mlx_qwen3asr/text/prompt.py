@@ -39,6 +39,11 @@ class PromptIds:
             asr_text=tokenizer.token_to_id("<asr_text>"),
         )
 
+    @property
+    def eos(self) -> frozenset[int]:
+        """The tokens that end the model's answer."""
+        return frozenset({self.endoftext, self.im_end})
+
 
 def prompt_prefix_ids(tokenizer: TokenizerLike, context: str = "") -> list[int]:
     """The prompt up to and including ``<|audio_start|>``: the same for every segment of a run.
