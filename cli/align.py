@@ -35,6 +35,7 @@ from mlx_qwen3asr.cli.diarizing import (
     turn_warnings,
 )
 from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
+from mlx_qwen3asr.cli.exits import stopped
 from mlx_qwen3asr.cli.models import load_reason
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -50,12 +51,10 @@ from mlx_qwen3asr.cli.options import (
     add_speech_detection,
     check_vad,
     chosen_formats,
-    exit_status,
     moot,
     vad_options,
 )
 from mlx_qwen3asr.cli.plan import remove_created
-from mlx_qwen3asr.cli.signals import Terminated
 from mlx_qwen3asr.cli.stdio import Say
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
@@ -424,11 +423,24 @@ def _decode_and_align(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `mlxasr align` with the given arguments (default: sys.argv[2:]); returns the exit status."""
+    return stopped(
+        PROG,
+        lambda: _main(sys.argv[2:] if argv is None else list(argv)),
+        after="; nothing was written",
+        errors=AlignError,
+        on_error=_said,
+    )
+
+
+def _said(e: AlignError) -> int:
+    if str(e):  # an empty one was said already
+        Say(PROG, False).error(str(e))
+    return e.status
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
-    try:
-        args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
-    except SystemExit as e:  # usage errors and --help
-        return exit_status(e)
+    args = parser.parse_args(argv)
     say = Say(PROG, args.quiet)
     if RTTM in chosen_formats(args, None):  # speaker turns are what diarization gives
         args.diarize = True
@@ -437,20 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         diarization = check_diarization(parser, args)
         if diarization is None and (not args.vad or args.vad_threshold is not None):
             moot(parser, "--no-vad" if not args.vad else "--vad-threshold", "without --diarize")
-    except SystemExit as e:
-        return exit_status(e)
     except Unavailable as e:
         say.error(str(e))
         return EXIT_USAGE
-    try:
-        return _align(args, say, diarization)
-    except AlignError as e:
-        if str(e):  # an empty one was said already
-            say.error(str(e))
-        return e.status
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        print(f"{PROG}: terminated; nothing was written", file=sys.stderr)
-        return EXIT_TERMINATED
+    return _align(args, say, diarization)

@@ -25,15 +25,15 @@ from mlx_qwen3asr.checkpoints.convert import (
     convert_checkpoint,
 )
 from mlx_qwen3asr.checkpoints.loading import DTYPES, ModelLoadError
+from mlx_qwen3asr.cli.exits import stopped
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
     EXIT_USAGE,
-    exit_status,
 )
-from mlx_qwen3asr.cli.signals import Terminated, stop_handlers
+from mlx_qwen3asr.cli.signals import stop_handlers
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -145,10 +145,6 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, restore_after_stop:
     prog: the name it goes by in messages (`mlxasr-convert`, or `mlxasr convert` as a subcommand)."""
     open_closed_standard_streams()  # `mlxasr-convert ... <&-`: no file opened later may take fd 0, 1 or 2
     tune_malloc()
-    try:
-        args = build_parser(prog).parse_args(argv)
-    except SystemExit as e:  # usage errors, --help
-        return exit_status(e)
     # The source is read and planned before the first progress line: what fails until then is a usage
     # error or an unusable source, what fails after it is the conversion itself.
     started = False
@@ -158,8 +154,9 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, restore_after_stop:
         started = True
         print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
-    with stop_handlers(restore_after_stop):
-        try:
+    def convert() -> int:
+        args = build_parser(prog).parse_args(argv)
+        with stop_handlers(restore_after_stop):
             result = convert_checkpoint(
                 args.src,
                 args.output,
@@ -170,18 +167,17 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, restore_after_stop:
                 force=args.overwrite,
                 log=progress,
             )
-        except (ConvertError, ModelLoadError) as e:
-            print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
-            return EXIT_FAILED if started else EXIT_USAGE
-        except KeyboardInterrupt:
-            print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        except Terminated:
-            print(f"{prog}: terminated; nothing was written", file=sys.stderr)
-            return EXIT_TERMINATED
-    for line in summary(result):
-        print(line)
-    return EXIT_OK
+        for line in summary(result):
+            print(line)
+        return EXIT_OK
+
+    def failed(e: Exception) -> int:
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED if started else EXIT_USAGE
+
+    return stopped(
+        prog, convert, after="; nothing was written", errors=(ConvertError, ModelLoadError), on_error=failed
+    )
 
 
 def entry() -> None:

@@ -41,6 +41,7 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE, AudioError, sample_rate_pro
 from mlx_qwen3asr.audio.files import AudioStream, not_regular_reason
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.audio.vad import VadUnavailable
+from mlx_qwen3asr.cli.exits import stopped
 from mlx_qwen3asr.cli.live_names import outputs_name
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
@@ -55,7 +56,6 @@ from mlx_qwen3asr.cli.options import (
     add_word_timing,
     check_vad,
     chosen_formats,
-    exit_status,
     moot,
     number_in,
     span,
@@ -989,14 +989,22 @@ def _run_session(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `mlxasr live` with the given arguments (default: sys.argv[2:]); returns the exit status."""
+    return stopped(
+        PROG, lambda: _main(sys.argv[2:] if argv is None else list(argv)), errors=LiveError, on_error=_said
+    )
+
+
+def _said(e: LiveError) -> int:
+    Say(PROG, False).error(str(e), e.label)
+    return e.status
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
-    try:
-        args = parser.parse_args(sys.argv[2:] if argv is None else list(argv))
-        check_vad(parser, args)
-        if args.word_timestamps is False and args.aligner is not None:
-            moot(parser, "--aligner", "with --no-word-timestamps (words are not timed)")
-    except SystemExit as e:
-        return exit_status(e)
+    args = parser.parse_args(argv)
+    check_vad(parser, args)
+    if args.word_timestamps is False and args.aligner is not None:
+        moot(parser, "--aligner", "with --no-word-timestamps (words are not timed)")
     say = Say(PROG, args.quiet)
     stop = _Stop()
     in_main = threading.current_thread() is threading.main_thread()
@@ -1005,15 +1013,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _session(args, say, stop)
-    except LiveError as e:
-        say.error(str(e), e.label)
-        return e.status
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        print(f"{PROG}: terminated", file=sys.stderr)
-        return EXIT_TERMINATED
     finally:
         if in_main and stop.signum is None:
             for sig, handler in old.items():

@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from mlx_qwen3asr import tune_malloc
 from mlx_qwen3asr.cli import align, convert, live, serve
 from mlx_qwen3asr.cli.arguments import build_parser
-from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_status
+from mlx_qwen3asr.cli.exits import stopped
+from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED
 from mlx_qwen3asr.cli.run import run
-from mlx_qwen3asr.cli.signals import Terminated, stop_handlers
+from mlx_qwen3asr.cli.signals import stop_handlers
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 
 __all__ = ["SUBCOMMANDS", "build_parser", "entry", "main"]
@@ -61,17 +62,8 @@ def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
         if command == "live":
             return live.main(args_list[1:])
         parser = build_parser()
-        try:
-            args = parser.parse_args(args_list)
-            return run(parser, args, sys.stdout, sys.stderr)
-        except SystemExit as e:  # argparse's usage errors, --help and --version
-            return exit_status(e)
-        except KeyboardInterrupt:  # before any file was being transcribed, e.g. while walking folders
-            print("mlxasr: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        except Terminated:
-            print("mlxasr: terminated", file=sys.stderr)
-            return EXIT_TERMINATED
+        # A stop that run() does not handle comes before any file is being transcribed (walking folders).
+        return stopped("mlxasr", lambda: run(parser, parser.parse_args(args_list), sys.stdout, sys.stderr))
 
 
 def entry() -> None:

@@ -24,6 +24,7 @@ from mlx_qwen3asr.cli.diarizing import (
     check_diarization,
     load_diarizer,
 )
+from mlx_qwen3asr.cli.exits import stopped
 from mlx_qwen3asr.cli.models import load_aligner, load_model
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -41,7 +42,7 @@ from mlx_qwen3asr.cli.options import (
     number_in,
     vad_options,
 )
-from mlx_qwen3asr.cli.signals import Terminated, terminate
+from mlx_qwen3asr.cli.signals import terminate
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams, problem_line
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -434,13 +435,7 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     # control) that would end in status 0, so the interrupt handler is set here.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        return _serve(args, exiting, diarization)
-    except KeyboardInterrupt:
-        print("mlxasr serve: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        print("mlxasr serve: terminated", file=sys.stderr)
-        return EXIT_TERMINATED
+        return stopped("mlxasr serve", lambda: _serve(args, exiting, diarization))
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,45 @@
+"""How every command's main() ends: the exception that stops it, turned into the exit status it returns
+and the one line it says.
+
+    SystemExit from argparse (usage errors, --help, --version)   its status (options.exit_status)
+    the command's own error class                                 what the command's handler returns
+    KeyboardInterrupt (Ctrl-C)                                    130, "<prog>: interrupted<after>"
+    Terminated (SIGTERM)                                          143, "<prog>: terminated<after>"
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_status
+from mlx_qwen3asr.cli.signals import Terminated
+
+__all__ = ["stopped"]
+
+
+def stopped(
+    prog: str,
+    body: Callable[[], int],
+    *,
+    after: str = "",
+    errors: type[Exception] | tuple[type[Exception], ...] = (),
+    on_error: Callable[[Exception], int] | None = None,
+) -> int:
+    """body()'s exit status, or the status of the exception that stopped it.
+
+    after: what the stop lines add (e.g. "; nothing was written"). errors, on_error: the command's own
+    error class(es) and what says one and gives its status."""
+    try:
+        return body()
+    except SystemExit as e:
+        return exit_status(e)
+    except errors as e:
+        assert on_error is not None
+        return on_error(e)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted{after}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"{prog}: terminated{after}", file=sys.stderr)
+        return EXIT_TERMINATED
