@@ -24,19 +24,17 @@ from pathlib import Path
 
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import not_regular_reason, read_audio
-from mlx_qwen3asr.checkpoints.loading import load, require_kind
 from mlx_qwen3asr.cli.diarizing import (
     Diarization,
     DiarizeQueue,
     Unavailable,
     add_diarization,
     check_diarization,
-    load_diarizer,
     turn_warnings,
 )
 from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
 from mlx_qwen3asr.cli.exits import stopped
-from mlx_qwen3asr.cli.models import load_reason
+from mlx_qwen3asr.cli.loading import load_in_order
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
     DEFAULT_ALIGNER,
@@ -353,23 +351,20 @@ def _decode_and_align(
     signal = decoded.signal
     speakers = None
     try:
-        if diarization is not None:
-            # First: a library that cannot run stops the command before any model loads. The audio is
-            # diarized on a worker thread while the aligner times the words.
-            diarizer = load_diarizer(diarization, args.diarizer, say)
-            if diarizer is None:
-                raise AlignError("", EXIT_USAGE)
+
+        def diarize(diarizer) -> None:  # the audio is diarized on a worker thread while words are timed
+            nonlocal speakers
             speakers = DiarizeQueue(
                 diarizer, diarization.options, read=lambda samples: samples, vad=vad_options(args)
             )
             speakers.submit(0, signal.samples())
-        source = args.aligner or os.environ.get(ALIGNER_ENV) or DEFAULT_ALIGNER
-        say.info(f"loading aligner {source}")
-        try:
-            aligner = load(source, dtype=args.dtype)
-            require_kind(aligner, "aligner")
-        except Exception as e:
-            raise AlignError(f"aligner {source}: {load_reason(source, e, '--aligner')}") from None
+
+        loaded = load_in_order(
+            args, say, diarization=diarization, model=False, required=True, diarizer_loaded=diarize
+        )
+        if loaded is None:
+            raise AlignError("", EXIT_USAGE)  # said already
+        aligner, source = loaded.aligner.model, loaded.aligner.source
         known = aligner_languages(aligner)
         if language not in known:
             raise AlignError(

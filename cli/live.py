@@ -43,7 +43,8 @@ from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.audio.vad import VadUnavailable
 from mlx_qwen3asr.cli.exits import stopped
 from mlx_qwen3asr.cli.live_names import outputs_name
-from mlx_qwen3asr.cli.models import load_aligner, load_model
+from mlx_qwen3asr.cli.loading import load_in_order, untimed
+from mlx_qwen3asr.cli.models import load_model
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -918,16 +919,12 @@ def _run_session(
     if timed is None:  # timing words matters for subtitles, not for a transcript
         timed = job is not None and bool({"srt", "vtt"} & set(job.outputs))
     if job is not None and timed:
-        untimed = "cue times estimated" if {"srt", "vtt"} & set(job.outputs) else "words not timed"
-        loaded = load_aligner(
-            args.aligner,
-            args.dtype,
-            say,
-            instead=f"{untimed}; use --aligner PATH or --no-word-timestamps",
-        )
-        if loaded.stop:
+        # The model is loaded already, beside the source (load_in_order's order).
+        loaded = load_in_order(args, say, model=False, aligner=untimed(job.outputs))
+        if loaded is None:
             return EXIT_USAGE
-        aligner, aligner_source = loaded.model, (loaded.source if loaded.model is not None else None)
+        aligner = loaded.aligner.model
+        aligner_source = loaded.aligner.source if aligner is not None else None
     options = TranscribeOptions(
         language=language,
         context=args.context,

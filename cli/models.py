@@ -73,12 +73,15 @@ class Aligner:
     stop: bool = False  # it was named and could not be loaded: a usage error, as a bad --model is
 
 
-def load_aligner(flag: str | None, dtype: str | None, say: Messages, *, instead: str) -> Aligner:
+def load_aligner(
+    flag: str | None, dtype: str | None, say: Messages, *, instead: str = "", required: bool = False
+) -> Aligner:
     """The forced aligner named by --aligner (flag), else $MLXASR_ALIGNER, else the default one.
 
-    A named one must load: if it does not, the error is said and stop is set. The default one may be out
-    of reach (not cached, the hub unreachable): a short warning says why and what is done `instead`
-    (a few words, then the options to use), and the command goes on without it.
+    A named one must load (the default one too where it is required): if it does not, the error is said
+    and stop is set. Otherwise the default one may be out of reach (not cached, the hub unreachable): a
+    short warning says why and what is done `instead` (a few words, then the options to use), and the
+    command goes on without it.
     """
     named = flag or os.environ.get(ALIGNER_ENV)
     source = named or DEFAULT_ALIGNER
@@ -87,7 +90,7 @@ def load_aligner(flag: str | None, dtype: str | None, say: Messages, *, instead:
         aligner = load(source, dtype=dtype)
         require_kind(aligner, "aligner")
     except Exception as e:
-        if named:
+        if named or required:
             say.error(f"aligner {source}: {load_reason(source, e, '--aligner')}")
             return Aligner(source, stop=True)
         # The default one out of reach: the reason in a few words, then what is done and how to do

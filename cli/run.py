@@ -23,11 +23,10 @@ from mlx_qwen3asr.cli.diarizing import (
     Unavailable,
     check_diarization,
     diarizer_source,
-    load_diarizer,
     turn_warnings,
 )
 from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
-from mlx_qwen3asr.cli.models import load_aligner, load_model
+from mlx_qwen3asr.cli.loading import load_in_order, untimed
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -262,35 +261,30 @@ def _transcribe_all(
     diarization: Diarization | None = None,
 ) -> int:
     t0 = time.monotonic()
-    diarizer = None
-    if diarization is not None:
-        # First: a library that cannot run stops the run before any model loads.
-        diarizer = load_diarizer(diarization, args.diarizer, report)
-        if diarizer is None:
-            return EXIT_USAGE
-    model = load_model(args.model, args.dtype, report)
-    if model is None:  # missing, unreadable, mismatched or wrong-kind checkpoints stop the run here
+
+    def context_fits(model) -> bool:
+        try:
+            if options.context:  # length and control tokens need the tokenizer
+                check_context(model.tokenizer, options.context)
+        except ContextError as e:
+            where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
+            report.error(f"{where}: {e}")
+            return False
+        return True
+
+    loaded = load_in_order(
+        args,
+        report,
+        diarization=diarization,
+        aligner=untimed(chosen_formats(args)) if options.word_timestamps else None,
+        model_loaded=context_fits,
+    )
+    if loaded is None:
         return EXIT_USAGE
-    try:
-        if options.context:
-            check_context(model.tokenizer, options.context)  # length and control tokens need the tokenizer
-    except ContextError as e:
-        where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
-        report.error(f"{where}: {e}")
-        return EXIT_USAGE
-    aligner = None
-    if options.word_timestamps:
-        untimed = "cue times estimated" if {"srt", "vtt"} & set(chosen_formats(args)) else "words not timed"
-        loaded = load_aligner(
-            args.aligner,
-            args.dtype,
-            report,
-            instead=f"{untimed}; use --aligner PATH or --no-word-timestamps",
-        )
-        if loaded.stop:
-            return EXIT_USAGE
-        aligner = loaded.model
-        options = replace(options, aligner=None if aligner is None else loaded.source)
+    diarizer, model, aligner = loaded.diarizer, loaded.model, None
+    if loaded.aligner is not None:
+        aligner = loaded.aligner.model
+        options = replace(options, aligner=None if aligner is None else loaded.aligner.source)
     loaded_seconds = time.monotonic() - t0
 
     estimates = [estimate_duration(j.audio) for j in todo]

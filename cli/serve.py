@@ -22,10 +22,9 @@ from mlx_qwen3asr.cli.diarizing import (
     Unavailable,
     add_diarization,
     check_diarization,
-    load_diarizer,
 )
 from mlx_qwen3asr.cli.exits import stopped
-from mlx_qwen3asr.cli.models import load_aligner, load_model
+from mlx_qwen3asr.cli.loading import load_in_order
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
     DEFAULT_ALIGNER,
@@ -312,28 +311,27 @@ def _raise_open_files(connections: int) -> None:
 def _load_models(args: argparse.Namespace, diarization: Diarization | None = None):
     """(model, aligner or None, why word timestamps are unavailable, diarizer or None) or an exit status.
     The diarizer loads first: a library that cannot run stops the server before any model loads."""
-    diarizer = None
-    if diarization is not None:
-        # Its runs in a worker process: a client that leaves stops its diarization at once.
-        diarizer = load_diarizer(diarization, args.diarizer, _say, isolated=True)
-        if diarizer is None:
-            return EXIT_USAGE
-    model = load_model(args.model, args.dtype, _say)
-    if model is None:
-        return EXIT_USAGE
-    if args.no_aligner:
-        return model, None, "it was started with --no-aligner", diarizer
-    loaded = load_aligner(
-        args.aligner,
-        args.dtype,
+    # Its runs in a worker process: a client that leaves stops its diarization at once.
+    loaded = load_in_order(
+        args,
         _say,
-        instead="word timestamps refused; use --aligner PATH or --no-aligner",
+        diarization=diarization,
+        isolated=True,
+        aligner=None if args.no_aligner else "word timestamps refused; use --aligner PATH or --no-aligner",
     )
-    if loaded.stop:
+    if loaded is None:
         return EXIT_USAGE
-    if loaded.model is None:
-        return model, None, f"the forced aligner {_model_id(loaded.source)} could not be loaded", diarizer
-    return model, loaded.model, None, diarizer
+    model, diarizer = loaded.model, loaded.diarizer
+    if loaded.aligner is None:
+        return model, None, "it was started with --no-aligner", diarizer
+    if loaded.aligner.model is None:
+        return (
+            model,
+            None,
+            f"the forced aligner {_model_id(loaded.aligner.source)} could not be loaded",
+            diarizer,
+        )
+    return model, loaded.aligner.model, None, diarizer
 
 
 def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | None = None) -> int:

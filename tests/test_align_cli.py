@@ -395,6 +395,7 @@ def test_an_unwritable_output_folder_stops_before_the_audio_is_decoded(tmp_path,
     import os
 
     from mlx_qwen3asr.cli import align as align_cli
+    from mlx_qwen3asr.cli import models as cli_models
 
     audio = write_wav(tmp_path / "talk.wav", 3.0, seed=1)
     text = tmp_path / "talk.txt"
@@ -412,7 +413,7 @@ def test_an_unwritable_output_folder_stops_before_the_audio_is_decoded(tmp_path,
 
     monkeypatch.setattr(os, "open", read_only_open)
     monkeypatch.setattr(align_cli, "read_audio", lambda *a, **k: pytest.fail("the audio was decoded"))
-    monkeypatch.setattr(align_cli, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
     try:
         status, err = run(capsys, audio, "--text", text, "--srt", "--json", "-o", locked)
         # A folder that cannot be made is said the same way, and nothing is left of it.

@@ -27,6 +27,7 @@ from reference import test_signal
 from scripted import script_batches, through_cli
 
 import mlx_qwen3asr.cli.diarizing as diarizing
+import mlx_qwen3asr.cli.loading as cli_loading
 import mlx_qwen3asr.cli.reporter as reporter_module
 import mlx_qwen3asr.cli.run as cli_run
 import mlx_qwen3asr.diarize as library
@@ -286,7 +287,7 @@ def test_speaker_options_are_checked_before_anything_loads(
     tmp_path, model, standin, monkeypatch, capsys, extra, message
 ):
     talk = write(tmp_path, "talk.wav", 1.0)
-    monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_loading, "load_model", lambda *a: pytest.fail("the model was loaded"))
     assert main([str(talk), "--model", model, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err
@@ -297,7 +298,7 @@ def test_without_the_library_one_line_names_the_install_command_and_nothing_load
     tmp_path, model, monkeypatch, capsys
 ):
     talk = write(tmp_path, "talk.wav", 1.0)
-    monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_loading, "load_model", lambda *a: pytest.fail("the model was loaded"))
 
     def missing():  # as on Python 3.10 or without the extra: the import fails
         raise diarizing.Unavailable(f"speaker diarization is not installed; {diarizing.INSTALL}")
@@ -346,7 +347,7 @@ def test_without_speakrs_the_real_library_says_so_in_one_line_before_any_model_l
     monkeypatch.setitem(sys.modules, "speakrs", None)  # `import speakrs` raises ImportError
     version = (3, 10, 14) if python == "3.10" else (3, 12, 0)  # whatever Python runs the tests
     monkeypatch.setattr(library.loading, "sys", SimpleNamespace(version_info=_Version(version)))
-    monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_loading, "load_model", lambda *a: pytest.fail("the model was loaded"))
     talk = write(tmp_path, "talk.wav", 1.0)
     assert main([str(talk), "--model", model, "--diarize", "--srt"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlxasr: error")]
@@ -376,7 +377,7 @@ def test_the_diarizer_folder_comes_from_the_option_or_the_environment(
         raise FileNotFoundError(f"{path}: no segmentation model in it")
 
     standin.load_diarizer = broken
-    monkeypatch.setattr(cli_run, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_loading, "load_model", lambda *a: pytest.fail("the model was loaded"))
     assert main([str(talk), "--model", model, "--diarize", "--overwrite", "--diarizer", "nowhere"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlxasr: error")]
     assert errors == ["mlxasr: error: diarizer nowhere: no segmentation model in it"]
@@ -572,9 +573,9 @@ def test_align_diarizes_and_fails_without_writing_when_diarization_does(tmp_path
 
 
 def test_align_diarize_without_the_library_loads_nothing(tmp_path, monkeypatch, capsys):
-    import mlx_qwen3asr.cli.align as cli_align
+    import mlx_qwen3asr.cli.models as cli_models
 
-    monkeypatch.setattr(cli_align, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
+    monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
 
     def missing():
         raise diarizing.Unavailable(f"speaker diarization is not installed; {diarizing.INSTALL}")

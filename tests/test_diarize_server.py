@@ -284,9 +284,10 @@ def test_a_server_without_a_diarizer_refuses_diarized_json(model, tmp_path):
 
 
 def test_serve_diarize_without_the_library_is_one_line_and_status_2(checkpoints, monkeypatch, capsys):
+    import mlx_qwen3asr.cli.loading as cli_loading
     import mlx_qwen3asr.cli.serve as cli_serve
 
-    monkeypatch.setattr(cli_serve, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_loading, "load_model", lambda *a: pytest.fail("the model was loaded"))
 
     def missing():
         raise diarizing.Unavailable(f"speaker diarization is not installed; {diarizing.INSTALL}")
