@@ -1,2 +1,3 @@
 """Text around the model: languages, contexts, prompts and output parsing, the items the aligner times
-and the Korean dictionary their cut needs."""
+(words.py) with the Korean dictionary their cut needs, the spans they show as (spans.py) and their
+times from the aligner's classes (timestamps.py)."""

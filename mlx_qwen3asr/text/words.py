@@ -22,14 +22,12 @@ text.korean_dictionary, is damaged), the split falls back to a documented approx
 `official_split_available` and `split_fallback_reason` tell callers so they can record that the items
 differ from the official cut.
 
-`fix_timestamps` and `word_times` turn the predicted classes into times exactly as the official
-implementation does (the same repair of non-monotonic predictions, the same integer truncation and
-rounding), in O(n log n) instead of O(n^2).
+`fix_timestamps` and `word_times` (timestamps.py) turn the predicted classes into times exactly as the
+official implementation does; `display_spans` is in spans.py. Both are importable from here too.
 """
 
 from __future__ import annotations
 
-import bisect
 import importlib
 import threading
 import unicodedata
@@ -37,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlx_qwen3asr.text.korean_dictionary import KoreanDictionaryError, korean_dictionary_bytes
+from mlx_qwen3asr.text.spans import display_spans, whitespace_words
+from mlx_qwen3asr.text.timestamps import fix_timestamps, word_times
 
 # --- the Korean dictionary's scores -----------------------------------------------------------------
 
@@ -87,18 +87,20 @@ def _load_korean_tokenizer() -> object:
     return tokenizer_module.LTokenizer(scores=scores)
 
 
+def _optional(name: str, loader: Callable[[], object], fallback: str) -> tuple[object | None, str | None]:
+    """The optional tokenizer, or None with the reason it is missing and what is done instead."""
+    found, reason = _load_once(name, loader)
+    return found, None if reason is None else f"{reason}; {fallback}"
+
+
 def _nagisa() -> tuple[object | None, str | None]:
-    found, reason = _load_once("nagisa", _load_nagisa)
-    if reason is not None:
-        reason += "; Japanese is split into runs of one script (kanji, hiragana, katakana, other)"
-    return found, reason
+    return _optional(
+        "nagisa", _load_nagisa, "Japanese is split into runs of one script (kanji, hiragana, katakana, other)"
+    )
 
 
 def _korean_tokenizer() -> tuple[object | None, str | None]:
-    found, reason = _load_once("soynlp", _load_korean_tokenizer)
-    if reason is not None:
-        reason += "; Korean is split at whitespace only"
-    return found, reason
+    return _optional("soynlp", _load_korean_tokenizer, "Korean is split at whitespace only")
 
 
 def _language_key(language: str | None) -> str:
@@ -344,27 +346,12 @@ def _split_korean(text: str, tokenizer: object) -> list[Item]:
 def _split_korean_fallback(text: str) -> list[Item]:
     """Without soynlp or the dictionary: the kept characters of each whitespace word."""
     items: list[Item] = []
-    for word in _whitespace_words(text):
+    for word in whitespace_words(text):
         start, end = word
         kept = [position for position in range(start, end) if is_kept(text[position])]
         if kept:
             items.append(Item("".join(text[p] for p in kept), kept[0], kept[-1] + 1))
     return items
-
-
-def _whitespace_words(text: str) -> list[tuple[int, int]]:
-    words: list[tuple[int, int]] = []
-    start = -1
-    for position, ch in enumerate(text):
-        if ch.isspace():
-            if start >= 0:
-                words.append((start, position))
-                start = -1
-        elif start < 0:
-            start = position
-    if start >= 0:
-        words.append((start, len(text)))
-    return words
 
 
 def split_items(text: str, language: str | None) -> list[Item]:
@@ -385,183 +372,15 @@ def split_items(text: str, language: str | None) -> list[Item]:
     return _split_space_language(text)
 
 
-# --- display spans ----------------------------------------------------------------------------------
-
-
-def _is_opening(ch: str) -> bool:
-    """Punctuation that belongs to the word after it: opening brackets and quotes, ¿ and ¡."""
-    return ch in "¿¡" or unicodedata.category(ch) in ("Ps", "Pi")
-
-
-def _split_gap(text: str, start: int, end: int) -> tuple[int, int]:
-    """Share text[start:end], the characters between two items, out between them.
-
-    Returns (end of the first item's span, start of the second's). Punctuation glued to the first
-    item and chunks standing alone between spaces go to the first; punctuation glued to the second
-    and the opening punctuation right before it go to the second.
-    """
-    chunks = [(start + a, start + b) for a, b in _whitespace_words(text[start:end])]
-    if not chunks:
-        return start, end
-    if len(chunks) == 1 and chunks[0] == (start, end):  # no whitespace: cut before the opening run
-        cut = end
-        while cut > start and _is_opening(text[cut - 1]):
-            cut -= 1
-        return cut, cut
-    first = 1 if chunks[0][0] == start else 0  # glued to the first item
-    last = len(chunks) - 1 if chunks[-1][1] == end else len(chunks)  # glued to the second item
-    to_next = last
-    while to_next > first and all(
-        _is_opening(ch) for ch in text[chunks[to_next - 1][0] : chunks[to_next - 1][1]]
-    ):
-        to_next -= 1
-    first_end = chunks[to_next - 1][1] if to_next > 0 else start
-    second_start = chunks[to_next][0] if to_next < len(chunks) else end
-    return first_end, second_start
-
-
-def display_spans(text: str, items: Sequence[Item]) -> list[tuple[int, int]]:
-    """For each item, the span of `text` it stands for in a subtitle: its own span widened over the
-    punctuation around it.
-
-    Punctuation after an item (up to the next whitespace or item: "Hello," "world!", "好。") joins
-    it; opening quotes and brackets, "¿" and "¡" join the item after them, as does whatever comes
-    before the first item; a chunk of punctuation standing alone between spaces joins the item
-    before it (the one after it if it is opening punctuation). The spans are in order and do not
-    overlap; with the whitespace between them they cover every non-space character of the text
-    (when there is at least one item). Items that come from one and the same character (a Japanese
-    compatibility character that normalises to several) share it: the first gets it, the others an
-    empty span where it ends. Raises ValueError for items outside the text or out of order.
-    """
-    count = len(items)
-    if count == 0:
-        return []
-    starts: list[int] = []
-    ends: list[int] = []
-    for index, item in enumerate(items):
-        if not 0 <= item.start <= item.end <= len(text):
-            raise ValueError(
-                f"item {index} ({item.text!r}) spans [{item.start}, {item.end}) outside the text"
-            )
-        if index and item.start < items[index - 1].start:
-            raise ValueError(f"item {index} ({item.text!r}) starts before the item before it")
-        start = max(item.start, ends[-1]) if ends else item.start
-        starts.append(start)
-        ends.append(max(item.end, start))
-    leading = _whitespace_words(text[: starts[0]])
-    if leading:
-        starts[0] = leading[0][0]
-    trailing = _whitespace_words(text[ends[-1] :])
-    if trailing:
-        ends[-1] = ends[-1] + trailing[-1][1]
-    for index in range(count - 1):
-        ends[index], starts[index + 1] = _split_gap(text, ends[index], starts[index + 1])
-    return list(zip(starts, ends))
-
-
-# --- timestamps -------------------------------------------------------------------------------------
-
-
-def fix_timestamps(values: Sequence[float]) -> list[int]:
-    """Repair predicted timestamps (ms) that go backwards, exactly as the official `fix_timestamp`.
-
-    The longest non-decreasing subsequence is kept as it is; the official choice among equally long
-    ones is reproduced (it ends at the first index reaching the maximal length, and each element's
-    predecessor is the earliest one giving it its length). A run of at most two other values takes the
-    nearer kept neighbour (the left one on a tie), a longer run is spaced evenly between its kept
-    neighbours (or copies the one neighbour at an end). Every value is then truncated with int().
-    O(n log n). An empty input gives [] (the official function raises ValueError there); NaN is
-    refused with ValueError.
-    """
-    data = values.tolist() if hasattr(values, "tolist") else list(values)
-    count = len(data)
-    if count == 0:
-        return []
-    if any(value != value for value in data):
-        raise ValueError("fix_timestamps: NaN among the timestamps")
-
-    # For each length L, the indices whose longest non-decreasing run ending there has length L, in
-    # index order; their values strictly decrease (an equal or larger later one would be longer), so
-    # the earliest index with a value <= v is found by bisection on the negated values.
-    by_length_index: list[list[int]] = []
-    by_length_negated: list[list[float]] = []
-    tails: list[float] = []  # the smallest (= latest) value of each length, non-decreasing in length
-    parent = [-1] * count
-    best_length = 0
-    best_end = 0
-    for index, value in enumerate(data):
-        length = bisect.bisect_right(tails, value) + 1
-        if length > 1:
-            candidates = by_length_negated[length - 2]
-            parent[index] = by_length_index[length - 2][bisect.bisect_left(candidates, -value)]
-        if length > len(tails):
-            tails.append(value)
-            by_length_index.append([index])
-            by_length_negated.append([-value])
-        else:
-            tails[length - 1] = value
-            by_length_index[length - 1].append(index)
-            by_length_negated[length - 1].append(-value)
-        if length > best_length:
-            best_length, best_end = length, index
-
-    normal = [False] * count
-    index = best_end
-    while index != -1:
-        normal[index] = True
-        index = parent[index]
-
-    result = list(data)
-    start = 0
-    while start < count:
-        if normal[start]:
-            start += 1
-            continue
-        stop = start
-        while stop < count and not normal[stop]:
-            stop += 1
-        left = result[start - 1] if start > 0 else None
-        right = result[stop] if stop < count else None
-        run = stop - start
-        for k in range(start, stop):
-            if left is None:
-                result[k] = right
-            elif right is None:
-                result[k] = left
-            elif run <= 2:
-                result[k] = left if (k - (start - 1)) <= (stop - k) else right
-            else:
-                step = (right - left) / (run + 1)
-                result[k] = left + step * (k - start + 1)
-        start = stop
-    return [int(value) for value in result]
-
-
-def word_times(classes: Sequence[int], segment_time_ms: float, n_items: int) -> list[tuple[float, float]]:
-    """(start, end) in seconds for each of `n_items` items from the aligner's timestamp classes.
-
-    As the official aligner: each class times `segment_time_ms` in float32 is a time in ms; the
-    times are repaired with fix_timestamps; item i gets the (2i)th and (2i+1)th, in seconds rounded to
-    3 decimals. `classes` holds the predictions at the prompt's timestamp tokens, 2 per item (the
-    prompt of a text without items still has 2; those, or none, are accepted for n_items == 0).
-    Raises ValueError when the count is not that.
-    """
-    import numpy as np
-
-    if n_items < 0:
-        raise ValueError(f"word_times: n_items must be >= 0, got {n_items}")
-    count = len(classes)
-    if n_items == 0:
-        if count not in (0, 2):
-            raise ValueError(f"word_times: a text without items has 2 timestamp classes, got {count}")
-        return []
-    if count != 2 * n_items:
-        raise ValueError(
-            f"word_times: {n_items} items need 2 * {n_items} = {2 * n_items} timestamp classes, got {count}"
-        )
-    milliseconds = np.asarray(classes, dtype=np.float32) * np.float32(segment_time_ms)
-    fixed = fix_timestamps(milliseconds.tolist())
-    return [
-        (round(fixed[2 * index] / 1000.0, 3), round(fixed[2 * index + 1] / 1000.0, 3))
-        for index in range(n_items)
-    ]
+__all__ = [
+    "Item",
+    "display_spans",
+    "fix_timestamps",
+    "is_cjk",
+    "is_kept",
+    "official_split_available",
+    "read_korean_scores",
+    "split_fallback_reason",
+    "split_items",
+    "word_times",
+]
