@@ -131,8 +131,8 @@ class LiveLimits:
         )
 
 
-class LiveError(Exception):
-    """What ends a session early: the error event's code and message, and the close code."""
+class SessionError(Exception):
+    """What ends a socket's live session early: the error event's code and message, and the close code."""
 
     def __init__(self, code: str, message: str, close: int, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
@@ -142,8 +142,8 @@ class LiveError(Exception):
         return {"type": "error", "error": {"message": self.message, "type": self.kind, "code": self.code}}
 
 
-def _shutting_down() -> LiveError:
-    return LiveError("shutting_down", "the server is shutting down", CLOSE_SERVICE_RESTART, "server_error")
+def _shutting_down() -> SessionError:
+    return SessionError("shutting_down", "the server is shutting down", CLOSE_SERVICE_RESTART, "server_error")
 
 
 def delta_event(item: int, update: StreamUpdate, previous: str) -> dict[str, Any]:
@@ -197,7 +197,7 @@ def _turn_detection(value: Any, current: VadOptions | None) -> VadOptions | None
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type", "server_vad") != "server_vad":
-        raise LiveError(
+        raise SessionError(
             "invalid_session",
             '\'turn_detection\' must be null or {"type": "server_vad", "threshold": P}',
             CLOSE_POLICY,
@@ -206,12 +206,12 @@ def _turn_detection(value: Any, current: VadOptions | None) -> VadOptions | None
     try:
         return VadOptions(threshold=threshold)
     except ValueError as e:
-        raise LiveError("invalid_session", f"turn_detection: {e}", CLOSE_POLICY) from None
+        raise SessionError("invalid_session", f"turn_detection: {e}", CLOSE_POLICY) from None
 
 
 def _pcm(data: bytes) -> np.ndarray:
     if len(data) % 2:
-        raise LiveError(
+        raise SessionError(
             "invalid_audio", f"audio of {len(data)} bytes is not 16-bit PCM (odd count)", CLOSE_INVALID_DATA
         )
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
@@ -252,7 +252,7 @@ class _Session:
             except asyncio.TimeoutError:
                 if time.monotonic() >= self.deadline:
                     raise self._too_long() from None
-                raise LiveError(
+                raise SessionError(
                     "idle_timeout", f"no frame from the client for {limits.idle_timeout:g} s", CLOSE_POLICY
                 ) from None
             if message["type"] == "websocket.disconnect":
@@ -260,7 +260,7 @@ class _Session:
             data, text = message.get("bytes"), message.get("text")
             size = len(data) if data is not None else len((text or "").encode("utf-8", "surrogatepass"))
             if size > limits.max_frame_bytes:
-                raise LiveError(
+                raise SessionError(
                     "frame_too_large",
                     f"a frame of {size} bytes is larger than the limit of {limits.max_frame_bytes} bytes",
                     CLOSE_TOO_BIG,
@@ -270,8 +270,8 @@ class _Session:
             else:
                 await self._event(text or "")
 
-    def _too_long(self) -> LiveError:
-        return LiveError(
+    def _too_long(self) -> SessionError:
+        return SessionError(
             "session_too_long", f"the session passed the limit of {self.limits.max_seconds:g} s", CLOSE_POLICY
         )
 
@@ -279,20 +279,24 @@ class _Session:
         try:
             event = json.loads(text)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-            raise LiveError("invalid_json", "a text frame is not a JSON object", CLOSE_INVALID_DATA) from None
+            raise SessionError(
+                "invalid_json", "a text frame is not a JSON object", CLOSE_INVALID_DATA
+            ) from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise LiveError(
+            raise SessionError(
                 "invalid_event", "an event must be a JSON object with a 'type'", CLOSE_INVALID_DATA
             )
         kind = event["type"]
         if kind == "input_audio_buffer.append":
             audio = event.get("audio")
             if not isinstance(audio, str):
-                raise LiveError("invalid_audio", "'audio' must be a base64 string", CLOSE_INVALID_DATA)
+                raise SessionError("invalid_audio", "'audio' must be a base64 string", CLOSE_INVALID_DATA)
             try:
                 data = base64.b64decode(audio, validate=True)
             except (binascii.Error, ValueError):
-                raise LiveError("invalid_audio", "'audio' is not valid base64", CLOSE_INVALID_DATA) from None
+                raise SessionError(
+                    "invalid_audio", "'audio' is not valid base64", CLOSE_INVALID_DATA
+                ) from None
             self._audio(_pcm(data))
         elif kind in ("input_audio_buffer.commit", "session.finish"):
             self.finishing = True
@@ -301,28 +305,28 @@ class _Session:
             self._update(event.get("session"))
             await self.ws.send_json({"type": "transcription_session.updated", "session": self.settings()})
         else:
-            raise LiveError("unknown_event", f"unknown event type {one_line(kind)[:60]!r}", CLOSE_POLICY)
+            raise SessionError("unknown_event", f"unknown event type {one_line(kind)[:60]!r}", CLOSE_POLICY)
 
     def _update(self, session: Any) -> None:
         if self.received_samples:
-            raise LiveError(
+            raise SessionError(
                 "session_started", "the session can only be updated before its first audio", CLOSE_POLICY
             )
         if not isinstance(session, dict):
-            raise LiveError("invalid_event", "'session' must be an object", CLOSE_INVALID_DATA)
+            raise SessionError("invalid_event", "'session' must be an object", CLOSE_INVALID_DATA)
         audio_format = session.get("input_audio_format")
         if audio_format not in (None, "pcm16"):
-            raise LiveError(
+            raise SessionError(
                 "invalid_audio_format", "the only input_audio_format is 'pcm16' (16 kHz mono)", CLOSE_POLICY
             )
         language, prompt = session.get("language", self.language), session.get("prompt", self.context)
         if language is not None and not isinstance(language, str) or not isinstance(prompt, str):
-            raise LiveError("invalid_event", "'language' and 'prompt' must be strings", CLOSE_INVALID_DATA)
+            raise SessionError("invalid_event", "'language' and 'prompt' must be strings", CLOSE_INVALID_DATA)
         try:
             resolve_language(language or None)
             prompt_prefix_ids(self.sessions.engine.model.tokenizer, prompt)
         except ValueError as e:
-            raise LiveError("invalid_session", str(e), CLOSE_POLICY) from None
+            raise SessionError("invalid_session", str(e), CLOSE_POLICY) from None
         vad = (
             _turn_detection(session["turn_detection"], self.vad) if "turn_detection" in session else self.vad
         )
@@ -335,7 +339,7 @@ class _Session:
         self.pending.append(samples)
         self.pending_samples += samples.shape[0]
         if self.pending_samples > self.limits.max_buffer_seconds * SAMPLE_RATE:
-            raise LiveError(
+            raise SessionError(
                 "buffer_overflow",
                 f"more than {self.limits.max_buffer_seconds:g} s of audio wait for the model: send audio "
                 "no faster than it is spoken",
@@ -522,7 +526,7 @@ class LiveSessions:
             log.info("live session refused: %d are open", self.active)
             await self._close_with(
                 websocket,
-                LiveError(
+                SessionError(
                     "too_many_sessions",
                     f"the server already holds {self.limits.max_sessions} live sessions; retry later",
                     CLOSE_TRY_LATER,
@@ -538,7 +542,7 @@ class LiveSessions:
             )
             await session.run()
             await websocket.close(CLOSE_NORMAL)
-        except LiveError as e:
+        except SessionError as e:
             log.info("live session %d closed: %s (%s)", session.number, e.code, e.message)
             await self._close_with(websocket, e)
         except WebSocketDisconnect:
@@ -547,7 +551,7 @@ class LiveSessions:
             log.error("live session %d failed", session.number, exc_info=(type(e), e, e.__traceback__))
             await self._close_with(
                 websocket,
-                LiveError(
+                SessionError(
                     "internal_error",
                     "transcription failed (see the server log)",
                     CLOSE_INTERNAL,
@@ -558,7 +562,7 @@ class LiveSessions:
             self.active -= 1
 
     @staticmethod
-    async def _close_with(websocket: WebSocket, error: LiveError) -> None:
+    async def _close_with(websocket: WebSocket, error: SessionError) -> None:
         with contextlib.suppress(Exception):  # the client may be gone already
             if websocket.application_state == WebSocketState.CONNECTED:
                 await websocket.send_json(error.event())
