@@ -300,3 +300,19 @@ def test_two_voices_alternating_written_and_read_back(tmp_path):
 def test_default_speaker_format():
     assert DEFAULT_SPEAKER_FORMAT == "{speaker}: "
     assert render("txt", diarized(), []).startswith("Speaker 1: ")
+
+
+def test_one_speaker_label_in_the_writers_and_in_openais_convention():
+    """The writers say "Speaker N" (from 1), the server's diarized_json OpenAI's letters; names come
+    first in both."""
+    from mlx_qwen3asr.diarize import speaker_label
+    from mlx_qwen3asr.serve.openai import openai_speaker
+
+    assert [speaker_label(k) for k in (0, 1, 9)] == ["Speaker 1", "Speaker 2", "Speaker 10"]
+    assert [speaker_label(k, letters=True) for k in (0, 1, 25, 26, 27, 701, 702)] == [
+        "A", "B", "Z", "AA", "AB", "ZZ", "AAA",
+    ]  # fmt: skip
+    assert speaker_label(1, ["Ana", "Bo"]) == speaker_label(1, ["Ana", "Bo"], letters=True) == "Bo"
+    order: dict = {}
+    segments = [Segment(0.0, 1.0, "a", "English", speaker=s) for s in (7, 3, 7, None)]
+    assert [openai_speaker(s, order, ("Ana",)) for s in segments] == ["Ana", "B", "Ana", ""]

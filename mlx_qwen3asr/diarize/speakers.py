@@ -174,11 +174,19 @@ def split_at_speakers(segment: Segment) -> list[Segment]:
     return pieces
 
 
-def speaker_label(number: int, names: Sequence[str] | None = None) -> str:
-    """The label of the speaker that appears number-th (0-based): names[number], else "Speaker N"."""
+def speaker_label(number: int, names: Sequence[str] | None = None, *, letters: bool = False) -> str:
+    """The label of the speaker that appears number-th (0-based): names[number], else "Speaker N" (N from
+    1: the writers' convention), or with letters OpenAI's: A, B, ..., Z, AA, AB, ..."""
     if names is not None and number < len(names):
         return names[number]
-    return f"Speaker {number + 1}"
+    if not letters:
+        return f"Speaker {number + 1}"
+    label = ""
+    k = number + 1
+    while k:
+        k, rest = divmod(k - 1, 26)
+        label = chr(ord("A") + rest) + label
+    return label
 
 
 def _check_names(names: Sequence[str] | None) -> list[str] | None:

@@ -14,6 +14,7 @@ import anyio
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from mlx_qwen3asr.diarize.speakers import speaker_label
 from mlx_qwen3asr.outputs.cues import build_cues
 from mlx_qwen3asr.outputs.render import render, segment_json
 from mlx_qwen3asr.pipeline.engine import Job
@@ -33,7 +34,7 @@ __all__ = [
     "diarized_segments",
     "parse_request",
     "render_response",
-    "speaker_label",
+    "openai_speaker",
 ]
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
@@ -280,24 +281,13 @@ def _usage(result: Transcription) -> dict[str, Any]:
     return {"type": "duration", "seconds": _seconds(result.duration) or 0.0}
 
 
-def _letters(k: int) -> str:
-    """OpenAI's label of the k-th speaker (from 0) it has no name for: A, B, ..., Z, AA, AB, ..."""
-    label = ""
-    k += 1
-    while k:
-        k, rest = divmod(k - 1, 26)
-        label = chr(ord("A") + rest) + label
-    return label
-
-
-def speaker_label(seg: Segment, order: dict[Any, int], names: tuple[str, ...]) -> str:
+def openai_speaker(seg: Segment, order: dict[Any, int], names: tuple[str, ...]) -> str:
     """The speaker of a diarized segment as OpenAI labels it: the k-th speaker to speak is named by
     known_speaker_names[k], else by a letter (A, B, ...); order maps each speaker seen so far to k."""
     speaker = getattr(seg, "speaker", None)
     if speaker is None:
         return ""
-    k = order.setdefault(speaker, len(order))
-    return names[k] if k < len(names) else _letters(k)
+    return speaker_label(order.setdefault(speaker, len(order)), names, letters=True)
 
 
 def diarized_segments(result: Transcription, names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -315,7 +305,7 @@ def diarized_segments(result: Transcription, names: tuple[str, ...] = ()) -> lis
                 "start": _seconds(seg.start) or 0.0,
                 "end": _seconds(seg.end) or 0.0,
                 "text": seg.text,
-                "speaker": speaker_label(seg, order, names),
+                "speaker": openai_speaker(seg, order, names),
             }
         )
     return out

@@ -180,7 +180,7 @@ class Speakers:
         return max(0.0, total)
 
     def assign(self, result: Transcription, turns: list[Any]) -> Transcription:
-        """result with its segments' speakers (named in the answer: openai.speaker_label)."""
+        """result with its segments' speakers (named in the answer: openai.openai_speaker)."""
         return self.lib.assign_speakers(result, turns)
 
     def close(self) -> None:
