@@ -1,6 +1,7 @@
 """Who the server answers: the Host header must name it, a browser's request must come from an allowed
 origin (DNS rebinding, cross-site forms), every request must carry the API key when there is one, and a
-declared body must fit the upload limit. Checked before anything reads the request."""
+declared body must fit the upload limit. Checked before anything reads the request; the realtime
+WebSocket is refused by the same checks (refusal), its key also accepted as a subprotocol."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.errors import APIError, too_large
 
-__all__ = ["Access", "Guard", "authorized", "close_after"]
+__all__ = ["Access", "Guard", "authorized", "close_after", "cross_origin", "refusal"]
 
 # Host names always accepted in the Host header (besides the address the server is bound to).
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -107,9 +108,88 @@ class Access:
         return "*" in self.origins or origin in self.origins
 
 
-def _origin(headers: Headers) -> str | None:
+def cross_origin(scope: Scope) -> str | None:
+    """The Origin of a browser's request or WebSocket from another origin (lowercased, without a
+    trailing slash), or None: no Origin, or the server's own (a WebSocket's wss is https's origin)."""
+    headers = Headers(scope=scope)
     value = headers.get("origin")
-    return value.strip().rstrip("/").lower() if value is not None else None
+    if value is None:
+        return None
+    origin = value.strip().rstrip("/").lower()
+    scheme = scope.get("scheme", "http")
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    return None if origin == f"{scheme}://{(headers.get('host') or '').lower()}" else origin
+
+
+def is_preflight(scope: Scope) -> bool:
+    """Whether an HTTP request is a browser's CORS preflight (it asks whether a request may be sent)."""
+    return (
+        scope["type"] == "http"
+        and scope.get("method") == "OPTIONS"
+        and "access-control-request-method" in Headers(scope=scope)
+    )
+
+
+def refusal(
+    access: Access,
+    api_key: str | None,
+    scope: Scope,
+    *,
+    limit: int | None = None,
+    key_protocol: str | None = None,
+) -> APIError | None:
+    """Why a request (or a WebSocket connection) is refused, or None: the Host header must name this
+    server, a cross-origin browser must be allowed, the API key must be given where there is one.
+
+    limit: the upload limit of an HTTP request, whose refusal closes a connection with a large body
+    (close_after). key_protocol: a WebSocket's, which may give the key as the subprotocol
+    `<key_protocol><key>` (browsers cannot set its headers); its answers speak of connections."""
+    headers = Headers(scope=scope)
+    close = limit is not None and close_after(headers, limit)
+    socket = key_protocol is not None
+    host = headers.get("host")
+    if not access.host_allowed(host):
+        hint = "" if socket else " (start it with --allowed-host NAME to allow a name)"
+        return APIError(
+            421,
+            f"this server does not answer to the host name {one_line(host or '')[:100]!r}{hint}",
+            code="host_not_allowed",
+            close=close,
+        )
+    origin = cross_origin(scope)
+    if origin is not None and not access.cross_origin_allowed(origin):
+        what, hint = (
+            ("connections", "")
+            if socket
+            else ("requests", " (start the server with --cors-origin ORIGIN to allow an origin)")
+        )
+        return APIError(
+            403,
+            f"cross-origin {what} from {one_line(origin)[:100]!r} are refused{hint}",
+            code="origin_not_allowed",
+            close=close,
+        )
+    if api_key is None or authorized(headers.get("authorization"), api_key):
+        return None
+    if origin is not None and is_preflight(scope):
+        return None  # an allowed origin's CORS preflight carries no key: the request it asks about must
+    if socket:
+        offered = [p for p in scope.get("subprotocols", []) if p.startswith(key_protocol)]
+        if any(authorized(f"Bearer {p[len(key_protocol) :]}", api_key) for p in offered):
+            return None
+        return APIError(
+            401,
+            f"missing or incorrect API key: send 'Authorization: Bearer <key>' or the subprotocol "
+            f"'{key_protocol}<key>'",
+            code="invalid_api_key",
+        )
+    return APIError(
+        401,
+        "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+        close=close,
+    )
 
 
 class Guard:
@@ -125,48 +205,14 @@ class Guard:
             return
         headers = Headers(scope=scope)
         limit = self.max_upload_bytes
-        access = self.access
-        refuse = lambda error: error.response()(scope, receive, send)  # noqa: E731
-        host = headers.get("host")
-        if not access.host_allowed(host):
-            shown = one_line(host or "")[:100]
-            await refuse(
-                APIError(
-                    421,
-                    f"this server does not answer to the host name {shown!r} "
-                    "(start it with --allowed-host NAME to allow a name)",
-                    code="host_not_allowed",
-                    close=close_after(headers, limit),
-                )
-            )
-            return
-        origin = _origin(headers)
-        cross = origin is not None and origin != f"{scope.get('scheme', 'http')}://{(host or '').lower()}"
-        if cross and not access.cross_origin_allowed(origin):
-            await refuse(
-                APIError(
-                    403,
-                    f"cross-origin requests from {one_line(origin)[:100]!r} are refused "
-                    "(start the server with --cors-origin ORIGIN to allow an origin)",
-                    code="origin_not_allowed",
-                    close=close_after(headers, limit),
-                )
-            )
-            return
-        if cross:
-            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+        error = refusal(self.access, self.api_key, scope, limit=limit)
+        origin = cross_origin(scope)
+        if origin is not None and (error is None or error.code == "invalid_api_key"):  # an allowed origin
+            if error is None and is_preflight(scope):
                 await self._preflight(origin, headers)(scope, receive, send)
                 return
-            send = self._with_cors(send, origin)
-        key = self.api_key
-        if key is not None and not authorized(headers.get("authorization"), key):
-            error = APIError(
-                401,
-                "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-                close=close_after(headers, limit),
-            )
+            send = self._with_cors(send, origin)  # it may read the answer, a refusal for its key too
+        if error is not None:
             await error.response()(scope, receive, send)
             return
         declared = headers.get("content-length")

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from starlette.datastructures import Headers
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
@@ -51,8 +50,7 @@ from mlx_qwen3asr.pipeline.streaming import (
     StreamUpdate,
 )
 from mlx_qwen3asr.runtime.messages import one_line
-from mlx_qwen3asr.serve.access import Access, authorized
-from mlx_qwen3asr.serve.errors import APIError
+from mlx_qwen3asr.serve.access import Access, refusal
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
@@ -477,42 +475,9 @@ class LiveSessions:
 
     # -- who connects --
 
-    def refusal(self, websocket: WebSocket) -> APIError | None:
-        """Why a connection is refused (the HTTP API's Host, Origin and key checks), or None."""
-        headers = Headers(scope=websocket.scope)
-        host = headers.get("host")
-        if not self.access.host_allowed(host):
-            return APIError(
-                421,
-                f"this server does not answer to the host name {one_line(host or '')[:100]!r}",
-                code="host_not_allowed",
-            )
-        origin = headers.get("origin")
-        if origin is not None:
-            origin = origin.strip().rstrip("/").lower()
-            scheme = "https" if websocket.scope.get("scheme") == "wss" else "http"
-            own = origin == f"{scheme}://{(host or '').lower()}"
-            if not own and not self.access.cross_origin_allowed(origin):
-                return APIError(
-                    403,
-                    f"cross-origin connections from {one_line(origin)[:100]!r} are refused",
-                    code="origin_not_allowed",
-                )
-        key = self.api_key
-        if key is not None:
-            offered = [p for p in websocket.scope.get("subprotocols", []) if p.startswith(KEY_PROTOCOL)]
-            by_protocol = any(authorized(f"Bearer {p[len(KEY_PROTOCOL) :]}", key) for p in offered)
-            if not by_protocol and not authorized(headers.get("authorization"), key):
-                return APIError(
-                    401,
-                    "missing or incorrect API key: send 'Authorization: Bearer <key>' or the subprotocol "
-                    f"'{KEY_PROTOCOL}<key>'",
-                    code="invalid_api_key",
-                )
-        return None
-
     async def endpoint(self, websocket: WebSocket) -> None:
-        error = self.refusal(websocket)
+        # The HTTP API's Host, Origin and key checks; the key may come as a subprotocol.
+        error = refusal(self.access, self.api_key, websocket.scope, key_protocol=KEY_PROTOCOL)
         if error is not None:
             log.info("live connection refused: %s", error.code)
             if "websocket.http.response" in websocket.scope.get("extensions", {}):
