@@ -1,4 +1,7 @@
-"""Command-line tools: `mlxasr` (main.py) transcribes files and folders to TXT, SRT, VTT and JSON, with its
-options in arguments.py, the run in run.py and plan.py and its messages in reporter.py; `mlxasr serve`
-(serve.py) runs the transcription server; `mlxasr-convert` (convert.py) converts checkpoints. options.py,
-models.py and signals.py hold what the commands share."""
+"""Command-line tools: `mlxasr` (main.py) transcribes files and folders to TXT, SRT, VTT, JSON and RTTM, with
+its options in arguments.py, the run in run.py and plan.py, speakers told apart in diarizing.py and
+diarize_queue.py, and its messages in reporter.py and bar.py; `mlxasr serve` (serve.py) runs the
+transcription server, live over its WebSocket too; `mlxasr live` (live.py) transcribes the microphone, a
+stream or a file live on the terminal; `mlxasr align` (align.py) times a transcript the user has;
+`mlxasr-convert` (convert.py) converts checkpoints. options.py, models.py, loading.py (the order models
+load in), exits.py (how a command ends), signals.py and stdio.py hold what the commands share."""

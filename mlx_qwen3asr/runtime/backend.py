@@ -3,7 +3,8 @@
 The model has one code path, MLX's own operations and fused kernels, on every device. What differs
 by device is only the default dtype: the checkpoints are published in bfloat16, which a GPU computes
 natively, while MLX's CPU backend computes bfloat16 products far slower than float32 ones (float32
-holds every bfloat16 value exactly, so the results are the checkpoint's).
+holds every bfloat16 value exactly, so the results are the checkpoint's). The module is named for
+the per-device code paths it once chose between; it now holds only these sizes and the dtype.
 """
 
 from __future__ import annotations
