@@ -64,7 +64,8 @@ from mlx_qwen3asr.outputs.folder import (
     redo_pending,
     write_outputs,
 )
-from mlx_qwen3asr.pipeline.scheduler import InputResult, transcribe_stream
+from mlx_qwen3asr.pipeline.result import InputResult
+from mlx_qwen3asr.pipeline.transcribe import transcribe_stream
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.text.context import ContextError, check_context, read_context_file
 from mlx_qwen3asr.text.languages import resolve_language

@@ -17,8 +17,8 @@ from mlx_qwen3asr.audio.files import load_audio, read_audio  # noqa: E402
 from mlx_qwen3asr.audio.vad import VadOptions, VadUnavailable  # noqa: E402
 from mlx_qwen3asr.checkpoints.loading import ASRModel, ModelLoadError, WrongModelError, load, require_kind  # noqa: E402
 from mlx_qwen3asr.pipeline.alignment import align  # noqa: E402
-from mlx_qwen3asr.pipeline.scheduler import InputResult, transcribe_stream  # noqa: E402
-from mlx_qwen3asr.pipeline.transcribe import Segment, Transcription, transcribe  # noqa: E402
+from mlx_qwen3asr.pipeline.result import InputResult  # noqa: E402
+from mlx_qwen3asr.pipeline.transcribe import Segment, Transcription, transcribe, transcribe_stream  # noqa: E402
 from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES  # noqa: E402
 
 __version__ = "0.1.0"

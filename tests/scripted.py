@@ -12,7 +12,7 @@ from dataclasses import fields, replace
 
 from mlx_qwen3asr.model.generate import DecodeBatch, Generation
 from mlx_qwen3asr.pipeline.parts import Parts
-from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
+from mlx_qwen3asr.pipeline.transcribe import transcribe_stream
 
 
 class Record:

@@ -18,7 +18,8 @@ from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.pipeline.inputs import InputOptions
 from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position
 from mlx_qwen3asr.pipeline.parts import Parts
-from mlx_qwen3asr.pipeline.scheduler import Scheduler, transcribe_stream
+from mlx_qwen3asr.pipeline.scheduler import Scheduler
+from mlx_qwen3asr.pipeline.transcribe import transcribe_stream
 from mlx_qwen3asr.text.prompt import build_prompt_ids
 
 SECONDS = [3.0, 11.5, 0.7, 7.9, 20.0]  # prompts of very different lengths: heavy left padding
@@ -225,9 +226,9 @@ def test_skip_predicate_keeps_audio_from_the_model(model):
     assert results[0].transcription.segments == [] and results[0].transcription.duration == 2.0
 
 
-def run_all(model, inputs, **kwargs) -> list:
+def run_all(model, inputs, scheduler=Scheduler, **kwargs) -> list:
     """Every input through one Scheduler (built with kwargs) until it is idle; the results in input order."""
-    sched = Scheduler(model, **kwargs)
+    sched = scheduler(model, **kwargs)
     try:
         for i, audio in enumerate(inputs):
             sched.submit(i, audio, InputOptions())
@@ -353,6 +354,8 @@ def test_continuous_batching_gives_the_texts_of_batch_after_batch(model, monkeyp
     at once, and every segment's text is the one it gets when batches are closed until they drain."""
     from scripted import spy_batches
 
+    from tools.bench import ClosedBatches
+
     monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     rng = np.random.default_rng(4)
     rates = {}
@@ -365,7 +368,8 @@ def test_continuous_batching_gives_the_texts_of_batch_after_batch(model, monkeyp
     def run(continuous):
         record = spy_batches()
         parts = record.parts(budget=budget)
-        results = run_all(model, wavs, batch_size=3, continuous=continuous, parts=parts)
+        scheduler = Scheduler if continuous else ClosedBatches
+        results = run_all(model, wavs, batch_size=3, parts=parts, scheduler=scheduler)
         return {r.index: [s.text for s in r.transcription.segments] for r in results}, record
 
     joined, continuous = run(True)

@@ -19,7 +19,6 @@ from scripted import through_cli
 import mlx_qwen3asr
 import mlx_qwen3asr.cli.main as cli_main
 import mlx_qwen3asr.cli.run as cli_run
-from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.pipeline.inputs import InputOptions
@@ -79,7 +78,7 @@ def wavs(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def no_loop_check(monkeypatch):
     """Rows run to their budget whatever they decode (the same work with or without a fault)."""
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
 
 
 def run(model, inputs: dict, *, on_segment=None, parts: Parts = SHORT, **kwargs) -> dict:
@@ -110,7 +109,7 @@ def texts(transcription):
 def clean(model, wavs):
     """What each input gives with no fault (budgets as SHORT sets them)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    mp.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     try:
         results = run(model, {k: (p, InputOptions()) for k, p in wavs.items()}, batch_size=1)
     finally:

@@ -16,11 +16,11 @@ import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.model import decoder, encoder
 from mlx_qwen3asr.model.generate import (
-    PREFILL_CHUNK,
     DecodeBatch,
     greedy_generate,
     prefill_prefix,
 )
+from mlx_qwen3asr.model.prefill import PREFILL_CHUNK
 from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids
 

@@ -92,8 +92,8 @@ def test_nothing_is_wired_without_metal(model, monkeypatch):
 def test_the_buffer_cache_is_released_at_joins_and_every_few_hundred_steps(model, monkeypatch):
     cleared = []
     monkeypatch.setattr(mx, "clear_cache", lambda: cleared.append(1))
-    monkeypatch.setattr(generate, "CLEAR_CACHE_EVERY", 4)
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.CLEAR_CACHE_EVERY", 4)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     feats = mx.zeros((0, model.config.text_config.hidden_size))
     batch = generate.DecodeBatch(model.net, set())
     batch.add([[1, 2, 3], [4, 5]], [feats, feats], [13, 13], ["a", "b"])

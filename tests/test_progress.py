@@ -16,7 +16,7 @@ from mlx_qwen3asr.audio.signal import is_silent
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.parts import Parts
-from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
+from mlx_qwen3asr.pipeline.transcribe import transcribe_stream
 
 RATE = 16000
 

@@ -27,7 +27,6 @@ from reference import test_signal
 from scripted import Swappable, script_batches, spy_batches
 
 import mlx_qwen3asr
-from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.outputs.cues import build_cues
 from mlx_qwen3asr.outputs.render import render
@@ -126,7 +125,7 @@ def server(served):
 @pytest.fixture
 def short_budgets(monkeypatch):
     """Random weights never stop: a small budget per segment, no loop check (fast, and batch-independent)."""
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     monkeypatch.setattr(STAGES, "budget", lambda seconds: 6 + int(3 * seconds))
 
 

@@ -23,7 +23,6 @@ from test_server import KEY, Served, wav_file
 import mlx_qwen3asr
 import mlx_qwen3asr.diarize as library
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
-from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.serve.app import Speakers, create_app
 from tools.make_checkpoint import DIARIZER_PRESET
@@ -110,7 +109,7 @@ def say(model, monkeypatch):
         )
     )
     monkeypatch.setattr(STAGES, "batch", said.batch)
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     DIARIZER.reset()
     yield said
     DIARIZER.reset()

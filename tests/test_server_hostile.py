@@ -25,7 +25,6 @@ from test_server import read_response
 
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import AudioError
-from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.pipeline.engine import Engine
 from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.serve.app import ConnectionLimits, create_app, uvicorn_config
@@ -83,7 +82,7 @@ def model(checkpoints):
 @pytest.fixture
 def short_budgets(monkeypatch):
     """Random weights never stop: no loop check, and the engine's parts give a small budget per segment."""
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     return Parts(budget=lambda seconds: 4 + int(seconds))
 
 

@@ -8,7 +8,6 @@ import soundfile as sf
 from reference import test_signal
 
 import mlx_qwen3asr
-from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.generate import ends_in_loop, token_budget
 from mlx_qwen3asr.pipeline.parts import Parts
 
@@ -60,7 +59,7 @@ def test_unsupported_language_fails_before_reading_audio(model):
 
 
 def test_a_segment_that_exhausts_its_budget_is_flagged_truncated(model, monkeypatch):
-    monkeypatch.setattr(generate, "LOOP_CHECK_EVERY", 10**9)
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     parts = Parts(budget=lambda seconds: 3)
     result = mlx_qwen3asr.transcribe(model, test_signal(2.0, seed=5), vad=False, parts=parts)
     seg = result.segments[0]

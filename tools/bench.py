@@ -227,6 +227,15 @@ def instrumented(stages: Stages, budget: Budget) -> Parts:
     )
 
 
+class ClosedBatches(Scheduler):
+    """A Scheduler whose batch stays closed until its last row finishes (batch after batch): what
+    continuous batching is compared with."""
+
+    def _refill(self) -> None:
+        if not self.rows:
+            super()._refill()
+
+
 def transcribe_all(
     model,
     paths: list[Path],
@@ -235,9 +244,9 @@ def transcribe_all(
     options: InputOptions | None = None,
     parts: Parts | None = None,
 ) -> list:
-    """Every file through one Scheduler; continuous=False closes each batch until its last row ends.
-    The default options send all the audio to the model (no speech detection)."""
-    sched = Scheduler(model, batch_size=batch_size, continuous=continuous, parts=parts)
+    """Every file through one Scheduler; continuous=False closes each batch until its last row ends
+    (ClosedBatches). The default options send all the audio to the model (no speech detection)."""
+    sched = (Scheduler if continuous else ClosedBatches)(model, batch_size=batch_size, parts=parts)
     try:
         for i, path in enumerate(paths):
             sched.submit(i, str(path), options or InputOptions())

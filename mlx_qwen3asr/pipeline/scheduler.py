@@ -7,21 +7,19 @@ segments is sorted by length before each batch so that rows of a batch need litt
 
 The stages it calls (decoding, the encoder, the decoding batch, the aligner...) come in `Parts`
 (parts.py). Reading ahead is in readahead.py, batch sizing in memory.py, the shared prompt starts in
-prefixes.py, the segments and results made of decoded rows in assembly.py.
+prefixes.py, the segments and results made of decoded rows in assembly.py, what is kept for each input
+and segment in tasks.py; transcribe_stream (transcribe.py) runs many inputs through a Scheduler.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
 from mlx_qwen3asr.audio.cutting import Span
-from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
+from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.audio.signal import ArraySignal
-from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
 from mlx_qwen3asr.model.generate import DecodeBatch, Generation, HeaderIds
 from mlx_qwen3asr.pipeline.alignment import why_not_aligned
@@ -33,96 +31,26 @@ from mlx_qwen3asr.pipeline.inputs import (
     InputOptions,
     PreparedInput,
     samples_in_memory,
-    segment_frames,
 )
-from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position, rows_that_fit, wired_limit
+from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position, rows_that_fit
 from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.prefixes import PromptStarts
 from mlx_qwen3asr.pipeline.readahead import ReadAhead
 from mlx_qwen3asr.pipeline.result import InputResult, Segment
+from mlx_qwen3asr.pipeline.tasks import (
+    Pending,
+    Step,
+    StepResult,
+    Task,
+    expected_tokens,
+    input_seconds,
+    progress_deltas,
+)
 from mlx_qwen3asr.runtime.backend import tuning
-from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.prompt import PromptIds, prompt_suffix_ids
 
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).
 ALIGN_GROUP = 8
-# Progress (on_progress): while a segment decodes, its share of the audio counts in proportion to its
-# tokens against the text it is expected to hold (a header of a few tokens, then speech at about 4 text
-# tokens a second), never beyond PARTIAL_SHARE of it; a finished segment counts in full.
-EXPECTED_HEADER_TOKENS = 4
-EXPECTED_TOKENS_PER_SECOND = 4.0
-PARTIAL_SHARE = 0.9
-
-
-@dataclass(frozen=True)
-class Step:
-    """One decode of given audio as a single row, with its own prompt after the shared start: a live
-    stream's step. suffix(n_audio_tokens) gives the prompt ids after the prompt start (system prompt and
-    context) for that many audio tokens; budget is the most tokens it may decode. No speech detection,
-    no cutting, no progress, no segment: its result is the row's Generation."""
-
-    samples: np.ndarray  # 16 kHz mono float32, encoded whole (no padding)
-    suffix: Callable[[int], list[int]]
-    budget: int
-
-
-@dataclass
-class StepResult:
-    """The outcome of a Step: the Generation of its row, or the error that stopped it."""
-
-    index: Hashable
-    generation: Generation | None = None
-    error: Exception | None = None
-
-
-@dataclass
-class _Pending:
-    key: Hashable
-    prepared: PreparedInput
-    options: InputOptions
-    segments: list[Segment | None]
-    reported: int = 0  # segments already passed to on_segment, in time order
-    timing_notes: list[str] = field(default_factory=list)  # why segments kept estimated word timing
-    seconds: float = 0.0  # the input's duration: what its progress adds up to
-    scale: float = 0.0  # input seconds per second of its segments (a segment's share of the progress)
-    finished: float = 0.0  # input seconds of its finished segments
-    progressed: float = 0.0  # input seconds passed to on_progress
-    step: Step | None = None  # a single decode (submit_step) rather than a transcribed input
-    generation: Generation | None = None  # a step's row, once decoded
-
-    @property
-    def complete(self) -> bool:
-        return all(s is not None for s in self.segments)
-
-
-@dataclass(eq=False)
-class _Task:
-    pending: _Pending
-    position: int  # segment number within its input
-    order: int  # admission order: the oldest waiting context is served first
-    mel: np.ndarray | None = None  # the segment's log-mel spectrogram, while it is needed
-    share: float = 0.0  # input seconds the segment counts for in the progress
-    expected: int = 1  # tokens the segment is expected to decode (progress while it decodes)
-    partial: float = 0.0  # input seconds counted for it while it decodes or waits for the aligner
-
-    @property
-    def span(self) -> Span:
-        return self.pending.prepared.spans[self.position]
-
-    @property
-    def step(self) -> Step | None:
-        return self.pending.step
-
-    @property
-    def frames(self) -> int:
-        """Mel frames of the segment (known without computing them)."""
-        if self.step is not None:
-            return mel_frame_count(self.step.samples.shape[0])
-        return segment_frames(self.span)
-
-    @property
-    def context(self) -> str:
-        return self.pending.options.context
 
 
 class Scheduler:
@@ -162,17 +90,14 @@ class Scheduler:
         batch_size: int | None = None,
         on_segment: Callable[[Hashable, Segment], None] | None = None,
         on_progress: Callable[[Hashable, float], None] | None = None,
-        continuous: bool = True,
         held_seconds: float = HELD_SECONDS,
         max_batch: int | None = None,
         parts: Parts | None = None,
     ) -> None:
-        """continuous=False keeps a batch closed until its last row finishes (batch after batch), for
-        comparison. held_seconds: decoded audio that inputs read ahead may hold in memory at once.
+        """held_seconds: decoded audio that inputs read ahead may hold in memory at once.
         max_batch: rows at most when the batch is sized automatically (default: the path's tuning)."""
         require_kind(model, "asr")
         self.parts = parts if parts is not None else Parts()
-        self.continuous = continuous
         if aligner is not None:
             require_kind(aligner, "aligner")
         self.model, self.aligner, self.on_segment = model, aligner, on_segment
@@ -184,16 +109,16 @@ class Scheduler:
         self.eos = PromptIds.from_tokenizer(model.tokenizer).eos
         self.header = HeaderIds.from_tokenizer(model.tokenizer)
         self.inputs = ReadAhead(self.parts, max_segment_seconds, held_seconds)
-        self.pending: dict[Hashable, _Pending] = {}
-        self.pool: list[_Task] = []
+        self.pending: dict[Hashable, Pending] = {}
+        self.pool: list[Task] = []
         self.batch: DecodeBatch | None = None
         self.batch_context: str | None = None
-        self.in_batch: dict[int, _Task] = {}  # row key (id of the task) -> task
-        self.to_align: list[tuple[_Task, Segment]] = []
+        self.in_batch: dict[int, Task] = {}  # row key (id of the task) -> task
+        self.to_align: list[tuple[Task, Segment]] = []
         self.starts = PromptStarts(model, self.parts.prefill)
         self.admitted = 0
         self.failed: list[InputResult] = []  # inputs failed during this iteration
-        self.touched: dict[int, _Pending] = {}  # inputs with segments finished since the last progress
+        self.touched: dict[int, Pending] = {}  # inputs with segments finished since the last progress
         self._overheads: dict[str | None, int] = {}
 
     # -- inputs ----------------------------------------------------------------------------------
@@ -214,9 +139,9 @@ class Scheduler:
         step = Step(samples, step.suffix, int(step.budget))
         span = Span(0, samples.shape[0])
         prepared = PreparedInput(0, None, ArraySignal(samples), [span])
-        entry = _Pending(key, prepared, InputOptions(context=context), [None], step=step)
+        entry = Pending(key, prepared, InputOptions(context=context), [None], step=step)
         self.pending[key] = entry
-        self.pool.append(_Task(entry, 0, self.admitted))
+        self.pool.append(Task(entry, 0, self.admitted))
         self.admitted += 1
 
     def cancel(self, key: Hashable) -> None:
@@ -226,7 +151,7 @@ class Scheduler:
         if entry is not None:
             self._forget(entry)
 
-    def _forget(self, entry: _Pending) -> None:
+    def _forget(self, entry: Pending) -> None:
         """Take an input that left `pending` out of the pool, the alignment queue and the batch."""
         self.pool = [t for t in self.pool if t.pending is not entry]
         self.to_align = [(t, s) for t, s in self.to_align if t.pending is not entry]
@@ -239,7 +164,7 @@ class Scheduler:
             except Exception as e:  # the batch is unusable: its other rows fail too
                 self._fail_batch(e)
 
-    def _fail(self, entries: Iterable[_Pending], error: Exception) -> None:
+    def _fail(self, entries: Iterable[Pending], error: Exception) -> None:
         """These inputs failed: each leaves with a result carrying the error; the others go on."""
         for entry in list(entries):
             if self.pending.get(entry.key) is not entry:
@@ -256,7 +181,7 @@ class Scheduler:
         self.batch, self.in_batch = None, {}
         self._fail(entries.values(), error)
 
-    def _alive(self, task: _Task) -> bool:
+    def _alive(self, task: Task) -> bool:
         return self.pending.get(task.pending.key) is task.pending
 
     @property
@@ -308,7 +233,7 @@ class Scheduler:
                 if not prepared.spans:
                     empty = self.parts.assemble(prepared, [], item.options.language)
                     if self.on_progress is not None:
-                        self.on_progress(item.key, _duration(prepared))  # nothing to decode: done at once
+                        self.on_progress(item.key, input_seconds(prepared))  # nothing to decode: done at once
                     results.append(
                         InputResult(item.key, prepared.source, empty, prepared.wav, skipped=prepared.skipped)
                     )
@@ -316,13 +241,13 @@ class Scheduler:
             except Exception as e:  # unreadable audio (or on_progress raised): this input fails
                 results.append(InputResult(item.key, item.source, error=e))
                 continue
-            entry = _Pending(item.key, prepared, item.options, [None] * len(prepared.spans))
-            entry.seconds = _duration(prepared)
+            entry = Pending(item.key, prepared, item.options, [None] * len(prepared.spans))
+            entry.seconds = input_seconds(prepared)
             spoken = sum(span.duration for span in prepared.spans)
             entry.scale = entry.seconds / spoken if spoken > 0 else 0.0
             self.pending[item.key] = entry
             for i, span in enumerate(prepared.spans):
-                self.pool.append(_Task(entry, i, self.admitted, share=span.duration * entry.scale))
+                self.pool.append(Task(entry, i, self.admitted, share=span.duration * entry.scale))
                 self.admitted += 1
         return results
 
@@ -332,7 +257,7 @@ class Scheduler:
 
     # -- decoding --------------------------------------------------------------------------------
 
-    def rows_that_fit(self, tasks: Sequence[_Task], memory: int, context: str) -> int:
+    def rows_that_fit(self, tasks: Sequence[Task], memory: int, context: str) -> int:
         """How many of these tasks, taken in order, can join the running rows (if any) with the KV cache
         of them all in `memory` bytes; at least one when nothing runs (memory.rows_that_fit)."""
         audio = self.model.config.audio_config
@@ -344,7 +269,7 @@ class Scheduler:
         shared = len(self.starts.ids(context))
         return rows_that_fit(rows, memory, kv_bytes_per_position(self.model), shared, running)
 
-    def _row_size(self, task: _Task, audio_tokens: int) -> tuple[int, int]:
+    def _row_size(self, task: Task, audio_tokens: int) -> tuple[int, int]:
         """A task's prompt positions after the shared start, and its token budget."""
         if task.step is not None:
             return len(task.step.suffix(audio_tokens)), task.step.budget
@@ -361,8 +286,6 @@ class Scheduler:
     def _refill(self) -> None:
         """Start a batch, or let waiting segments of its context take the places finished rows left."""
         if not self.pool:
-            return
-        if self.rows and not self.continuous:
             return
         if not self.rows:
             self.batch = None
@@ -384,7 +307,7 @@ class Scheduler:
             if group:
                 self._join(group)
 
-    def _join(self, chosen: list[_Task]) -> None:
+    def _join(self, chosen: list[Task]) -> None:
         """Encode these tasks together, prefill them and let them join the batch (starting it if none runs)."""
         # A segment whose samples cannot be read or turned into a mel spectrogram fails its input.
         for t in chosen:
@@ -413,7 +336,7 @@ class Scheduler:
                 t.step.budget if t.step is not None else self.parts.budget(t.span.duration) for t in chosen
             ]
             for t, budget in zip(chosen, budgets):
-                t.expected = _expected_tokens(t.span.duration, budget)
+                t.expected = expected_tokens(t.span.duration, budget)
         except Exception as e:  # the segments encoded together fail; rows already running go on
             self._fail([t.pending for t in chosen], e)
             return
@@ -432,7 +355,7 @@ class Scheduler:
         for key, gen in done:
             self._row_done(key, gen)
 
-    def _choose(self, candidates: list[_Task]) -> list[_Task]:
+    def _choose(self, candidates: list[Task]) -> list[Task]:
         """The waiting segments (of the batch's context) that join the batch now, longest first."""
         # Steps (live streams) first: they wait for no quarter of the places to free up.
         candidates = sorted(candidates, key=lambda t: (t.step is None, -t.frames))
@@ -470,7 +393,7 @@ class Scheduler:
         except Exception as e:  # its text could not be made: its input fails
             self._fail([task.pending], e)
 
-    def _finished(self, task: _Task, gen: Generation) -> None:
+    def _finished(self, task: Task, gen: Generation) -> None:
         """A row is done: its segment's text; with word timing asked for, it waits for the aligner."""
         if task.step is not None:
             task.mel, task.pending.generation = None, gen
@@ -486,7 +409,7 @@ class Scheduler:
                 task.pending.timing_notes.append(reason)
         self._segment_done(task, seg)
 
-    def _segment_done(self, task: _Task, seg: Segment) -> None:
+    def _segment_done(self, task: Task, seg: Segment) -> None:
         """A segment is finished (decoded, and aligned when asked): it counts in full in the progress."""
         task.mel = None
         entry = task.pending
@@ -534,29 +457,11 @@ class Scheduler:
         touched, self.touched = self.touched, {}
         if self.on_progress is None:
             return
-        partial: dict[int, float] = {}
         # A stand-in batch without row_progress: its segments count only once finished.
         counts = getattr(self.batch, "row_progress", None) if self.rows else None
-        running = []
-        for key, count, _budget in counts() if counts is not None else ():
-            task = self.in_batch.get(key)
-            if task is not None:
-                task.partial = task.share * min(PARTIAL_SHARE, count / task.expected)
-                running.append(task)
-        for task in running + [t for t, _ in self.to_align]:
-            entry = task.pending
-            partial[id(entry)] = partial.get(id(entry), 0.0) + task.partial
-            touched[id(entry)] = entry
-        for entry in touched.values():
-            if self.pending.get(entry.key) is not entry or entry.step is not None:
-                continue  # failed or cancelled, or a step (no progress)
-            if entry.complete:
-                done = entry.seconds
-            else:
-                done = min(entry.finished + partial.get(id(entry), 0.0), entry.seconds)
-            if done <= entry.progressed:
-                continue
-            delta, entry.progressed = done - entry.progressed, done
+        running = counts() if counts is not None else ()
+        aligning = [t for t, _ in self.to_align]
+        for entry, delta in progress_deltas(self.pending, touched, running, self.in_batch, aligning):
             try:
                 self.on_progress(entry.key, delta)
             except Exception as e:  # this input fails, the others go on
@@ -591,68 +496,4 @@ class Scheduler:
         return results
 
 
-def _duration(prepared: PreparedInput) -> float:
-    """An input's duration in seconds, as its result states it."""
-    return len(prepared.wav) / SAMPLE_RATE
-
-
-def _expected_tokens(seconds: float, budget: int) -> int:
-    """Tokens a segment of this length is expected to decode (within its budget), for its progress."""
-    expected = EXPECTED_HEADER_TOKENS + math.ceil(EXPECTED_TOKENS_PER_SECOND * max(seconds, 0.0))
-    return max(1, min(int(budget), expected))
-
-
-def transcribe_stream(
-    model: ASRModel,
-    inputs: Sequence[AudioInput],
-    *,
-    language: str | None = None,
-    context: str = "",
-    max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
-    batch_size: int | None = None,
-    skip: Callable[[np.ndarray], bool] | None = None,
-    on_segment: Callable[[int, Segment], None] | None = None,
-    aligner: ASRModel | None = None,
-    vad: bool | VadOptions = True,
-    parts: Parts | None = None,
-    on_progress: Callable[[int, float], None] | None = None,
-) -> Iterator[InputResult]:
-    """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
-
-    batch_size: rows decoded together (None: as many as MEMORY_FRACTION of the free memory holds
-        KV caches for, given the segments' lengths, up to the path's Tuning.max_batch); finished rows are replaced by
-        waiting segments as they go (continuous batching).
-    skip: inputs whose waveform this returns True for are not sent to the model (empty result).
-    on_segment(input index, segment): each input's segments, in time order, as they become known.
-    on_progress(input index, seconds): work done on an input since the last call, in seconds of its
-        audio, after each decoding step (Scheduler); an input's calls add up to its duration
-        (InputResult's transcription.duration) before its result is yielded.
-    aligner: a Qwen3-ForcedAligner; segments then get word times (segment.words), aligned in groups
-        right after their text is decoded.
-    vad: speech detection (True, False, or VadOptions): only the speech regions reach the model.
-    parts: the stages the scheduler calls (default: the real ones; tests and benchmarks give their own).
-    An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
-    go on (on_segment or on_progress raising fails that input only). Results come in the order inputs
-    finish, which is not the input order.
-    """
-    options = InputOptions(resolve_language(language), context, aligner is not None, skip, vad_options(vad))
-    scheduler = Scheduler(
-        model,
-        aligner=aligner,
-        max_segment_seconds=max_segment_seconds,
-        batch_size=batch_size,
-        on_segment=on_segment,
-        on_progress=on_progress,
-        parts=parts,
-    )
-    try:
-        for index, audio in enumerate(inputs):
-            scheduler.submit(index, audio, options)
-        with wired_limit(model):  # on Metal: weights and caches stay resident until the last result
-            while not scheduler.idle:
-                yield from scheduler.run_once()
-    finally:
-        scheduler.close()
-
-
-__all__ = ["InputResult", "Scheduler", "Step", "StepResult", "transcribe_stream"]
+__all__ = ["InputResult", "Scheduler", "Step", "StepResult"]

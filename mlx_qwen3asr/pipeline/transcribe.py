@@ -1,21 +1,76 @@
-"""Transcription: audio in, text with segment timing out."""
+"""Transcription: audio in, text with segment timing out; many inputs through one Scheduler as they
+finish (transcribe_stream), or all of them at once (transcribe)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.files import estimate_duration
-from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
-from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput
+from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions
+from mlx_qwen3asr.pipeline.memory import wired_limit
 from mlx_qwen3asr.pipeline.parts import Parts
-from mlx_qwen3asr.pipeline.result import Segment, Transcription
-from mlx_qwen3asr.pipeline.scheduler import transcribe_stream
+from mlx_qwen3asr.pipeline.result import InputResult, Segment, Transcription
+from mlx_qwen3asr.pipeline.scheduler import Scheduler
 from mlx_qwen3asr.text.languages import resolve_language
+
+
+def transcribe_stream(
+    model: ASRModel,
+    inputs: Sequence[AudioInput],
+    *,
+    language: str | None = None,
+    context: str = "",
+    max_segment_seconds: float = DEFAULT_MAX_SEGMENT_SECONDS,
+    batch_size: int | None = None,
+    skip: Callable[[np.ndarray], bool] | None = None,
+    on_segment: Callable[[int, Segment], None] | None = None,
+    aligner: ASRModel | None = None,
+    vad: bool | VadOptions = True,
+    parts: Parts | None = None,
+    on_progress: Callable[[int, float], None] | None = None,
+) -> Iterator[InputResult]:
+    """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
+
+    batch_size: rows decoded together (None: as many as MEMORY_FRACTION of the free memory holds
+        KV caches for, given the segments' lengths, up to the path's Tuning.max_batch); finished rows are replaced by
+        waiting segments as they go (continuous batching).
+    skip: inputs whose waveform this returns True for are not sent to the model (empty result).
+    on_segment(input index, segment): each input's segments, in time order, as they become known.
+    on_progress(input index, seconds): work done on an input since the last call, in seconds of its
+        audio, after each decoding step (Scheduler); an input's calls add up to its duration
+        (InputResult's transcription.duration) before its result is yielded.
+    aligner: a Qwen3-ForcedAligner; segments then get word times (segment.words), aligned in groups
+        right after their text is decoded.
+    vad: speech detection (True, False, or VadOptions): only the speech regions reach the model.
+    parts: the stages the scheduler calls (default: the real ones; tests and benchmarks give their own).
+    An input that cannot be read, or whose batch fails, gives a result carrying the error; the others
+    go on (on_segment or on_progress raising fails that input only). Results come in the order inputs
+    finish, which is not the input order.
+    """
+    options = InputOptions(resolve_language(language), context, aligner is not None, skip, vad_options(vad))
+    scheduler = Scheduler(
+        model,
+        aligner=aligner,
+        max_segment_seconds=max_segment_seconds,
+        batch_size=batch_size,
+        on_segment=on_segment,
+        on_progress=on_progress,
+        parts=parts,
+    )
+    try:
+        for index, audio in enumerate(inputs):
+            scheduler.submit(index, audio, options)
+        with wired_limit(model):  # on Metal: weights and caches stay resident until the last result
+            while not scheduler.idle:
+                yield from scheduler.run_once()
+    finally:
+        scheduler.close()
 
 
 def _estimated_seconds(audio: AudioInput) -> float:
@@ -143,4 +198,4 @@ def transcribe(
     return results if many else results[0]
 
 
-__all__ = ["Segment", "Transcription", "transcribe"]
+__all__ = ["Segment", "Transcription", "transcribe", "transcribe_stream"]
