@@ -2,14 +2,14 @@
 
 The flow is file -> samples -> pieces -> features -> encoder -> decoder -> text -> words -> cues -> files:
 
-    runtime       settings and default dtype, the CPU process setup, crash-safe files
+    runtime       settings and default dtype, the CPU process setup, crash-safe files and folders
     audio         reading files, features, speech detection, cutting
-    text          languages, prompts and output parsing, aligner items
-    model         configuration, MLX modules, greedy decoding
+    text          languages, prompts and output parsing, aligner items, their spans and times
+    model         configuration, MLX modules, prefill, the decoding batch, greedy decoding
     checkpoints   hub, tokenizer, layouts, loading, conversion
     pipeline      inputs, scheduler, word timing, engine, transcribe()
     diarize       speaker turns (speakrs) and who spoke each word and segment
-    outputs       cues, rendering, crash-safe files, folder runs
+    outputs       cues, rendering, folder runs (finding inputs, naming, resuming, writing)
     serve         the HTTP server
     (package)     mlx_qwen3asr/__init__.py, the public API
     cli           the commands
