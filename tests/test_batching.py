@@ -20,7 +20,7 @@ from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position
 from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.scheduler import Scheduler
 from mlx_qwen3asr.pipeline.transcribe import transcribe_stream
-from mlx_qwen3asr.text.prompt import build_prompt_ids
+from tools.prompts import build_prompt_ids
 
 SECONDS = [3.0, 11.5, 0.7, 7.9, 20.0]  # prompts of very different lengths: heavy left padding
 

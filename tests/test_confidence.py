@@ -24,7 +24,7 @@ from mlx_qwen3asr.model.generate import (
 from mlx_qwen3asr.outputs.render import render_json, segment_json
 from mlx_qwen3asr.pipeline.assembly import decoded_segment
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
-from mlx_qwen3asr.text.prompt import build_prompt_ids
+from tools.prompts import build_prompt_ids
 
 EOS = frozenset({151643, 151645})
 STEPS = 24

@@ -28,7 +28,8 @@ from mlx_qwen3asr.text.context import (
     ContextTooLongError,
     read_context_file,
 )
-from mlx_qwen3asr.text.prompt import build_prompt_ids, prompt_prefix_ids, prompt_suffix_ids
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids
+from tools.prompts import build_prompt_ids
 
 EOS = frozenset({151643, 151645})
 GLOSSARY = "Glossary: Qwen3-ASR, MLX, Metal, Apple silicon, Dr. Anna Müller, 王小明, Kubernetes. "

@@ -18,7 +18,7 @@ import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.model.encoder import encoder_batch
 from mlx_qwen3asr.model.generate import greedy_generate
-from mlx_qwen3asr.text.prompt import build_prompt_ids
+from tools.prompts import build_prompt_ids
 
 PRESETS = ["tiny", "0.6b"]
 SECONDS = [1.0, 7.9, 8.1, 20.0, 65.0]

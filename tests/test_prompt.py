@@ -20,7 +20,8 @@ from mlx_qwen3asr.checkpoints.tokenizer import (
 )
 from mlx_qwen3asr.text.languages import CJK_NO_SPACE_LANGUAGES, SUPPORTED_LANGUAGES, resolve_language
 from mlx_qwen3asr.text.output import fix_repetitions, fix_repetitions_flag, join_texts, parse_output
-from mlx_qwen3asr.text.prompt import PromptIds, build_prompt_ids
+from mlx_qwen3asr.text.prompt import PromptIds
+from tools.prompts import build_prompt_ids
 
 SR = 16000
 

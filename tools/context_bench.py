@@ -30,9 +30,10 @@ import mlx.core as mx  # noqa: E402
 from mlx_qwen3asr.audio.features import log_mel_spectrogram  # noqa: E402
 from mlx_qwen3asr.model.generate import greedy_generate_batch, prefill_prefix  # noqa: E402
 from mlx_qwen3asr.pipeline.encoding import encode_segments  # noqa: E402
-from mlx_qwen3asr.text.prompt import build_prompt_ids, prompt_prefix_ids, prompt_suffix_ids  # noqa: E402
+from mlx_qwen3asr.text.prompt import prompt_prefix_ids, prompt_suffix_ids  # noqa: E402
 from tools.layout_table import clip  # noqa: E402
 from tools.make_checkpoint import write_checkpoint  # noqa: E402
+from tools.prompts import build_prompt_ids  # noqa: E402
 
 GLOSSARY = (
     "Speakers: Dr. Anna Müller (chair), Wang Xiaoming, Priya Raghunathan, Olumide Adeyemi. Terms: "

@@ -43,8 +43,8 @@ from mlx_qwen3asr.checkpoints.convert import convert_checkpoint  # noqa: E402
 from mlx_qwen3asr.checkpoints.loading import read_checkpoint  # noqa: E402
 from mlx_qwen3asr.model.encoder import encoder_batch  # noqa: E402
 from mlx_qwen3asr.model.generate import greedy_generate  # noqa: E402
-from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
 from tools.make_checkpoint import write_checkpoint  # noqa: E402
+from tools.prompts import build_prompt_ids  # noqa: E402
 
 ALIGNER_PRESET = {"tiny": "aligner-tiny", "0.6b": "aligner", "1.7b": "aligner"}
 # name -> (convert_checkpoint keyword arguments, bits of the mlx-audio conversion it matches)

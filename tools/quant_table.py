@@ -43,7 +43,7 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram  # noqa
 from mlx_qwen3asr.checkpoints.convert import convert_checkpoint  # noqa: E402
 from mlx_qwen3asr.model.encoder import encoder_batch  # noqa: E402
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR  # noqa: E402
-from mlx_qwen3asr.text.prompt import build_prompt_ids  # noqa: E402
+from tools.prompts import build_prompt_ids  # noqa: E402
 
 # name -> (convert keyword arguments, the CLI flags that give them)
 RECIPES: dict[str, tuple[dict, str]] = {
