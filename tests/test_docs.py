@@ -37,7 +37,7 @@ def test_readme_setup_and_test_commands_are_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     code = _fenced(README)
     assert code[:1] == ["pip install . && mlxasr ./recordings --srt"]
-    test = "python -m pytest"
+    test = "python -m pytest -n 2 --dist loadfile"
     install = code[code.index(test) - 1]
     assert (
         install == 'pip install -e ".[test,diarize]" && pip install --no-deps qwen-asr==0.0.6 mlx-lm==0.32.2'
@@ -54,8 +54,8 @@ def _help(argv: list[str], capsys) -> str:
 
 
 def _options_named(text: str) -> set[str]:
-    """The long options a text names, leaving out those of other programs (pip, the tools/ scripts)."""
-    text = re.sub(r"(pip|tools/\S+\.py)[^`\n]*", "", text)
+    """The long options a text names, leaving out those of other programs (pip, pytest, the tools/ scripts)."""
+    text = re.sub(r"(pip|pytest|tools/\S+\.py)[^`\n]*", "", text)
     return set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", text))
 
 
