@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import srt
+from locked import read_only_folder
 from reference import test_signal
 
 from mlx_qwen3asr.audio.cutting import split_on_silence
@@ -391,8 +392,6 @@ def test_errors_are_one_line_and_write_nothing(case, status, message, tmp_path, 
 
 
 def test_an_unwritable_output_folder_stops_before_the_audio_is_decoded(tmp_path, capsys, monkeypatch):
-    import errno
-    import os
 
     from mlx_qwen3asr.cli import align as align_cli
     from mlx_qwen3asr.cli import models as cli_models
@@ -400,18 +399,7 @@ def test_an_unwritable_output_folder_stops_before_the_audio_is_decoded(tmp_path,
     audio = write_wav(tmp_path / "talk.wav", 3.0, seed=1)
     text = tmp_path / "talk.txt"
     text.write_text(TEXT, encoding="utf-8")
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
-    real_open = os.open
-
-    def read_only_open(path, flags, *args, **kwargs):
-        # Root may write anywhere whatever the mode; refuse as the kernel would for anyone else.
-        if Path(os.fsdecode(path)).parent == locked and flags & os.O_CREAT:
-            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", read_only_open)
+    locked = read_only_folder(tmp_path / "locked", monkeypatch)
     monkeypatch.setattr(align_cli, "read_audio", lambda *a, **k: pytest.fail("the audio was decoded"))
     monkeypatch.setattr(cli_models, "load", lambda *a, **k: pytest.fail("the aligner was loaded"))
     try:

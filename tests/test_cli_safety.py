@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from locked import read_only_folder
 from test_cli import ALL, check_outputs, errors_for, temporaries, write_audio
 
 import mlx_qwen3asr.cli.models as cli_models
@@ -221,18 +222,7 @@ def test_a_read_only_output_folder_stops_the_run_before_the_model_loads(
 ):
     a = write_audio(tmp_path / "in" / "a.wav", 1.0, 1)
     b = write_audio(tmp_path / "in" / "b.wav", 1.0, 2)
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
-    real_open = os.open
-
-    def read_only_open(path, flags, *args, **kwargs):
-        # Root may write anywhere whatever the mode; refuse as the kernel would for anyone else.
-        if Path(os.fsdecode(path)).parent == locked and flags & os.O_CREAT:
-            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", read_only_open)
+    locked = read_only_folder(tmp_path / "locked", monkeypatch)
     try:
         status = main(["--no-vad", str(a), str(b), "--srt", "-o", str(locked), "--model", "unused"])
     finally:
