@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ from mlx_qwen3asr.audio.files import AudioStream, not_regular_reason
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.audio.vad import VadUnavailable
 from mlx_qwen3asr.cli.exits import stopped
+from mlx_qwen3asr.cli.live_error import LiveError
 from mlx_qwen3asr.cli.live_names import outputs_name
+from mlx_qwen3asr.cli.live_outputs import LiveOutputs
 from mlx_qwen3asr.cli.loading import load_in_order, untimed
 from mlx_qwen3asr.cli.models import load_model
 from mlx_qwen3asr.cli.options import (
@@ -72,12 +74,11 @@ from mlx_qwen3asr.outputs.folder import (
     output_problem,
     output_stem,
     prepare_output_folder,
-    write_outputs,
 )
 from mlx_qwen3asr.pipeline.alignment import align_span
 from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
 from mlx_qwen3asr.pipeline.memory import wired_limit
-from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
+from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.text.languages import resolve_language
@@ -132,15 +133,6 @@ exit status:
   {EXIT_USAGE}    usage error (bad option, existing outputs, no microphone or no sounddevice), or the
        model could not be loaded; nothing is written
   {EXIT_INTERRUPTED}  Ctrl-C: the last words are finished and the outputs written ({EXIT_TERMINATED} for SIGTERM)"""
-
-
-class LiveError(Exception):
-    """A problem that stops the command: one line, and the exit status it ends with."""
-
-    def __init__(self, message: str, status: int = EXIT_USAGE, *, label: str = "error: ") -> None:
-        super().__init__(message)
-        self.status = status
-        self.label = label
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -604,76 +596,6 @@ class _Stop:
             yield from drain()
 
 
-class _Outputs:
-    """The session's output files, rewritten whole from the committed segments."""
-
-    def __init__(self, job: FileJob | None, options: TranscribeOptions, model_name: str) -> None:
-        self.job = job
-        self.options = options
-        self.model_name = model_name
-        self.written: list[Path] = []
-
-    def write(
-        self,
-        transcriber: StreamingTranscriber,
-        audio: Signal,
-        language: str | None,
-        warnings: Sequence[str] = (),
-    ) -> None:
-        """Write the committed segments (and, with speech detection, the speech regions taken)."""
-        if self.job is None:
-            return
-        segments = transcriber.segments
-        lang = main_language(segments) if segments else (language or "")
-        result = Transcription(
-            text=join_texts([s.text for s in segments], lang or language),
-            language=lang,
-            segments=list(segments),
-            duration=len(audio) / SAMPLE_RATE,
-            warnings=list(warnings),
-            speech=list(transcriber.speech) if self.options.vad is not None else None,
-        )
-        try:
-            done = write_outputs(
-                self.job, result, audio, self.options, model_name=self.model_name, overwrite=True
-            )
-        except OSError as e:
-            path = self._named(e)
-            if path is None:  # a full disk fails the write of the data, which names no file
-                done, path, e = self._write_alone(result, audio, e)
-            if path is not None:
-                raise LiveError(
-                    f"cannot write output {path} ({(e.strerror or str(e)).lower()})", EXIT_FAILED
-                ) from None
-        self.written = done.written
-
-    def _named(self, e: OSError) -> Path | None:
-        """The output an error names, or None (it names no file, or a temporary one)."""
-        names = {str(p): p for p in self.job.outputs.values()}
-        return next(
-            (names[str(f)] for f in (e.filename2, e.filename) if f is not None and str(f) in names), None
-        )
-
-    def _write_alone(self, result: Transcription, audio: Signal, error: OSError):
-        """Write the outputs one at a time to find the one that cannot be written: (the last write's
-        result, that output or None when each was written after all, its error)."""
-        done = None
-        for fmt, path in self.job.outputs.items():
-            try:
-                done = write_outputs(
-                    replace(self.job, outputs={fmt: path}),
-                    result,
-                    audio,
-                    self.options,
-                    model_name=self.model_name,
-                    overwrite=True,
-                )
-            except OSError as e:
-                return done, path, e
-        done.written = list(self.job.outputs.values())
-        return done, None, error
-
-
 # Where the session's audio goes (an unnamed file in the temporary folder).
 _spill_file = tempfile.TemporaryFile
 
@@ -933,7 +855,7 @@ def _run_session(
         aligner=aligner_source,
         vad=vad,
     )
-    outputs = _Outputs(job, options, args.model)
+    outputs = LiveOutputs(job, options, args.model)
     audio = _Audio(keep=job is not None)
     display = _Display(args.quiet)
     failure: LiveError | None = None
@@ -967,7 +889,7 @@ def _run_session(
             if vad is not None and audio.count and not transcriber.speech:
                 warnings.append(NO_SPEECH)
                 say.warning(NO_SPEECH)
-            outputs.write(transcriber, audio.signal(), language, warnings)
+            outputs.write(transcriber, audio.signal(), language, warnings, final=True)
     finally:
         display.close()
         audio.close()
