@@ -27,7 +27,7 @@ from mlx_qwen3asr.cli.stdio import STDIN
 from mlx_qwen3asr.outputs.cue_types import CueOptions
 from mlx_qwen3asr.outputs.render import HIGHLIGHT_STYLES
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
-from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.device import tuning
 
 __all__ = ["build_parser"]
 

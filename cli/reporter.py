@@ -21,7 +21,7 @@ from mlx_qwen3asr.cli.bar import FittedProgress
 from mlx_qwen3asr.cli.stdio import problem_line
 from mlx_qwen3asr.outputs.cue_types import format_timestamp
 from mlx_qwen3asr.pipeline.result import Segment
-from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.device import tuning
 from mlx_qwen3asr.runtime.messages import one_line
 
 __all__ = ["Reporter", "SpeakerWork", "Summary", "duration", "length", "printable"]

@@ -49,3 +49,14 @@ def test_malloc_is_tuned_by_the_commands_not_by_an_import_and_can_be_turned_off(
         assert tuned(call) == "True"
         assert tuned(call, MLX_QWEN3ASR_NO_MALLOC_TUNING="1") == "False"
     assert tuned("import mlx_qwen3asr; mlx_qwen3asr.tune_malloc()") == "True"
+
+
+def test_the_sizes_and_dtype_follow_the_device():
+    import mlx.core as mx
+
+    from mlx_qwen3asr.runtime import device
+
+    on_cpu = mx.default_device() == mx.cpu
+    assert device.tuning() is (device.CPU if on_cpu else device.GPU)
+    assert device.default_dtype_name() == ("float32" if on_cpu else "bfloat16")
+    assert device.CPU.max_batch < device.GPU.max_batch

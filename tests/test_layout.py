@@ -163,7 +163,7 @@ def test_only_the_commands_import_the_public_api_module():
     [
         ("from mlx_qwen3asr.pipeline.transcribe import transcribe\n", "a layer above it"),
         ("def later():\n    from ..pipeline import scheduler\n", "a layer above it"),
-        ("from mlx_qwen3asr.runtime.backend import tuning\n", None),
+        ("from mlx_qwen3asr.runtime.device import tuning\n", None),
     ],
 )
 def test_the_check_sees_upward_imports_even_inside_functions(tmp_path, source, problem):

@@ -56,7 +56,7 @@ from mlx_qwen3asr.pipeline.inputs import InputOptions  # noqa: E402
 from mlx_qwen3asr.pipeline.parts import Parts  # noqa: E402
 from mlx_qwen3asr.pipeline.scheduler import Scheduler  # noqa: E402
 from mlx_qwen3asr.runtime import cpu as _cpu  # noqa: E402
-from mlx_qwen3asr.runtime.backend import tuning  # noqa: E402
+from mlx_qwen3asr.runtime.device import tuning  # noqa: E402
 from tools.prompts import build_prompt_ids  # noqa: E402
 
 MODES = ("clip", "file", "folder")

@@ -24,7 +24,7 @@ from mlx_qwen3asr.checkpoints.layouts import LayoutError, check_model_type, norm
 from mlx_qwen3asr.checkpoints.tokenizer import Tokenizer
 from mlx_qwen3asr.model.config import ConfigError, ModelConfig
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
-from mlx_qwen3asr.runtime.backend import default_dtype_name
+from mlx_qwen3asr.runtime.device import default_dtype_name
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -75,7 +75,7 @@ def require_kind(model: ASRModel, kind: str) -> None:
 
 def default_dtype() -> mx.Dtype:
     """float32 on MLX's CPU backend, whose bfloat16 products are slow; bfloat16, as the checkpoints are
-    published, on a GPU (runtime/backend.py)."""
+    published, on a GPU (runtime/device.py)."""
     return getattr(mx, default_dtype_name())
 
 

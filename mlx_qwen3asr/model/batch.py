@@ -15,7 +15,7 @@ import numpy as np
 from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.prefill import Prefix, prefill_padded
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
-from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.device import tuning
 
 # A pattern of up to MAX_PERIOD tokens repeated REPEAT_THRESHOLD times in a row is a runaway loop.
 REPEAT_THRESHOLD = 20

@@ -9,7 +9,7 @@ import numpy as np
 
 from mlx_qwen3asr.checkpoints.loading import ASRModel
 from mlx_qwen3asr.model.encoder import encoder_batch
-from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.device import tuning
 
 # Encoder work per call, in 100-frame chunks: bounds activation memory however much audio a batch holds.
 ENCODER_CHUNKS_PER_CALL = 256

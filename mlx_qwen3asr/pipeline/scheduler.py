@@ -46,7 +46,7 @@ from mlx_qwen3asr.pipeline.tasks import (
     input_seconds,
     progress_deltas,
 )
-from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.device import tuning
 from mlx_qwen3asr.text.prompt import PromptIds, prompt_suffix_ids
 
 # Decoded segments aligned together (as the aligner prefills them: 8 rows a call).

@@ -98,7 +98,7 @@ from mlx_qwen3asr.model.generate import (
 )
 from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.pipeline.result import Segment
-from mlx_qwen3asr.runtime.backend import tuning
+from mlx_qwen3asr.runtime.device import tuning
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.output import join_texts, parse_output
 from mlx_qwen3asr.text.prompt import PromptIds, prompt_prefix_ids, prompt_suffix_ids

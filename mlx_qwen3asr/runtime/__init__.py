@@ -1,2 +1,2 @@
-"""Where the package runs: its settings and default dtype, the CPU process setup (OpenBLAS, malloc),
-crash-safe writing of files and folders, one-line messages."""
+"""Where the package runs: what differs by device (the batch sizes, the default dtype: device.py), the
+CPU process setup (OpenBLAS, malloc), crash-safe writing of files and folders, one-line messages."""

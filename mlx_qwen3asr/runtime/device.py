@@ -1,10 +1,10 @@
-"""The sizes that trade speed against memory, and the dtype a model loads in.
+"""What differs by device: the sizes that trade speed against memory, and the dtype a model loads in.
 
 The model has one code path, MLX's own operations and fused kernels, on every device. What differs
-by device is only the default dtype: the checkpoints are published in bfloat16, which a GPU computes
+by device is the default dtype: the checkpoints are published in bfloat16, which a GPU computes
 natively, while MLX's CPU backend computes bfloat16 products far slower than float32 ones (float32
-holds every bfloat16 value exactly, so the results are the checkpoint's). The module is named for
-the per-device code paths it once chose between; it now holds only these sizes and the dtype.
+holds every bfloat16 value exactly, so the results are the checkpoint's); and the batch sizes, which a
+GPU's compute makes larger.
 """
 
 from __future__ import annotations
