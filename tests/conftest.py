@@ -50,21 +50,26 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory, tokenizer_dir):
+def checkpoints(tokenizer_dir):
     """Random-weight checkpoints exactly as published (tools/make_checkpoint.py), built once per preset
-    and layout and shared by the run. Never modify one in place: copy it first."""
+    and layout and kept on disk (tests/cached.py) under a key of the tool's source, the published
+    metadata and vocabulary, the preset, layout and seed, and the numpy and safetensors versions: the
+    run's workers, and later runs, share them. Never modify one in place: copy it first."""
+    import cached
+
     from tools.make_checkpoint import write_checkpoint
 
     made: dict[tuple[str, str], Path] = {}
+    sources = (REPO_ROOT / "tools" / "make_checkpoint.py", REPO_ROOT / "tools" / "published", tokenizer_dir)
+    tool = cached.key_of(*sources, cached.versions("numpy", "safetensors"))
 
     def get(preset: str, layout: str = "release") -> Path:
         if (preset, layout) not in made:
-            made[preset, layout] = write_checkpoint(
-                tmp_path_factory.mktemp(f"ckpt-{preset}-{layout}"),
-                preset,
-                seed=0,
-                layout=layout,
-                tokenizer_dir=tokenizer_dir,
+            made[preset, layout] = cached.entry(
+                "checkpoints",
+                f"{preset}-{layout}",
+                cached.key_of(tool, preset, layout, 0),
+                lambda out: write_checkpoint(out, preset, seed=0, layout=layout, tokenizer_dir=tokenizer_dir),
             )
         return made[preset, layout]
 

@@ -12,12 +12,16 @@ varlen path computes.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+import cached
 import numpy as np
 import torch
 from official import official_module
+
+HERE = Path(__file__).resolve().parent
 
 # MLX's CPU backend runs on OpenBLAS loaded globally (mlx_qwen3asr.runtime.cpu); with it in the process,
 # torch's OpenMP threads and OpenBLAS's threads oversubscribe the cores and the reference runs ~3x
@@ -35,25 +39,69 @@ class ReferenceRun:
     greedy_ids: list[int]
 
 
-class OfficialReference:
-    """The official model and processor for one checkpoint directory, in float32."""
+def _backend():
+    """The official transformers backend, its config and processor registered with transformers."""
+    backend = official_module("core.transformers_backend")
+    from transformers import AutoConfig, AutoProcessor
+
+    AutoConfig.register("qwen3_asr", backend.Qwen3ASRConfig, exist_ok=True)
+    AutoProcessor.register(backend.Qwen3ASRConfig, backend.Qwen3ASRProcessor, exist_ok=True)
+    return backend
+
+
+def _official_model(checkpoint: Path, what: str):
+    """The official model loaded from a checkpoint in float32, in eval mode."""
+    backend = _backend()
+    torch.manual_seed(0)
+    model, info = backend.Qwen3ASRForConditionalGeneration.from_pretrained(
+        str(checkpoint), dtype=torch.float32, output_loading_info=True
+    )
+    if any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+        raise RuntimeError(f"the official {what} did not load {checkpoint} cleanly: {info}")
+    return model.eval()
+
+
+def _processor(checkpoint: Path, fix_mistral_regex: bool = True):
+    _backend()
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=fix_mistral_regex)
+
+
+class _Cached:
+    """The official model for one checkpoint, loaded only when a result is not on disk already
+    (tests/cached.py: keyed by the checkpoint, this file's and official.py's source, the reference's
+    library versions and the inputs)."""
 
     def __init__(self, checkpoint: str | Path):
-        backend = official_module("core.transformers_backend")
+        self.checkpoint = Path(checkpoint)
         self.modeling = official_module("core.transformers_backend.modeling_qwen3_asr")
-        from transformers import AutoConfig, AutoProcessor
 
-        AutoConfig.register("qwen3_asr", backend.Qwen3ASRConfig, exist_ok=True)
-        AutoProcessor.register(backend.Qwen3ASRConfig, backend.Qwen3ASRProcessor, exist_ok=True)
-        torch.manual_seed(0)
-        self.model, info = backend.Qwen3ASRForConditionalGeneration.from_pretrained(
-            str(checkpoint), dtype=torch.float32, output_loading_info=True
+    @functools.cached_property
+    def _key(self) -> str:
+        return cached.key_of(
+            cached.identity(self.checkpoint),
+            HERE / "reference.py",
+            HERE / "official.py",
+            cached.versions("torch", "transformers", "qwen-asr", "numpy"),
         )
-        if any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
-            raise RuntimeError(f"the official model did not load {checkpoint} cleanly: {info}")
-        self.model.eval()
-        # As the official Qwen3ASRModel.from_pretrained loads it.
-        self.processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=True)
+
+    def _kept(self, what: str, compute, *inputs) -> dict[str, np.ndarray]:
+        return cached.arrays(
+            "official", f"{type(self).__name__}-{what}", cached.key_of(self._key, what, *inputs), compute
+        )
+
+
+class OfficialReference(_Cached):
+    """The official model and processor for one checkpoint directory, in float32."""
+
+    @functools.cached_property
+    def model(self):
+        return _official_model(self.checkpoint, "model")
+
+    @functools.cached_property
+    def processor(self):
+        return _processor(self.checkpoint)  # as the official Qwen3ASRModel.from_pretrained loads it
 
     def prompt_text(self, context: str = "", language: str | None = None) -> str:
         """The prompt string exactly as the official `Qwen3ASRModel._build_text_prompt` renders it."""
@@ -90,19 +138,35 @@ class OfficialReference:
         finally:
             attention.forward = original
 
-    @torch.no_grad()
     def encode(self, mel: np.ndarray, windowed: bool = True) -> np.ndarray:
+        return self._kept("encode", lambda: {"out": self._encode(mel, windowed)}, mel, windowed)["out"]
+
+    @torch.no_grad()
+    def _encode(self, mel: np.ndarray, windowed: bool) -> np.ndarray:
         with self.windowed(windowed):
             out = self.model.thinker.audio_tower(
                 torch.from_numpy(mel), feature_lens=torch.tensor([mel.shape[1]])
             ).last_hidden_state
         return out.numpy()
 
-    @torch.no_grad()
     def run(
         self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32
     ) -> ReferenceRun:
         """One official greedy `generate` call; the encoder output is captured on the way."""
+        kept = self._kept(
+            "run", lambda: vars(self._run(wav, context, language, steps)), wav, context, language, steps
+        )
+        return ReferenceRun(
+            input_ids=kept["input_ids"].tolist(),
+            mel=kept["mel"],
+            encoder=kept["encoder"],
+            prefill_logits=kept["prefill_logits"],
+            step_logits=kept["step_logits"],
+            greedy_ids=kept["greedy_ids"].tolist(),
+        )
+
+    @torch.no_grad()
+    def _run(self, wav: np.ndarray, context: str, language: str | None, steps: int) -> ReferenceRun:
         inputs = self.inputs(wav, context, language)
         frames = int(inputs["feature_attention_mask"].sum())
         captured = []
@@ -156,7 +220,7 @@ def test_signal(seconds: float, seed: int = 0, sample_rate: int = 16000) -> np.n
 test_signal.__test__ = False  # a helper, not a test
 
 
-class OfficialAligner:
+class OfficialAligner(_Cached):
     """The official forced aligner on a checkpoint directory, in float32, with the encoder windowed.
 
     Runs what `qwen_asr.inference.qwen3_forced_aligner.Qwen3ForcedAligner.align` runs for one sample
@@ -165,31 +229,38 @@ class OfficialAligner:
 
     TIMESTAMP = 151705
 
-    def __init__(self, checkpoint: str | Path):
-        backend = official_module("core.transformers_backend")
-        self.modeling = official_module("core.transformers_backend.modeling_qwen3_asr")
-        from transformers import AutoConfig, AutoProcessor
+    @functools.cached_property
+    def model(self):
+        return _official_model(self.checkpoint, "aligner")
 
-        AutoConfig.register("qwen3_asr", backend.Qwen3ASRConfig, exist_ok=True)
-        AutoProcessor.register(backend.Qwen3ASRConfig, backend.Qwen3ASRProcessor, exist_ok=True)
-        self.model, info = backend.Qwen3ASRForConditionalGeneration.from_pretrained(
-            str(checkpoint), dtype=torch.float32, output_loading_info=True
-        )
-        if any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
-            raise RuntimeError(f"the official aligner did not load {checkpoint} cleanly: {info}")
-        self.model.eval()
-        # As the official loader builds it; and with the model's own (Qwen) split, which differs from
-        # the official loader's on mixed-case words (see the README's tokenizer section).
-        self.processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=True)
-        self.qwen_split_processor = AutoProcessor.from_pretrained(str(checkpoint), fix_mistral_regex=False)
+    @functools.cached_property
+    def processor(self):
+        return _processor(self.checkpoint)  # as the official loader builds it
+
+    @functools.cached_property
+    def qwen_split_processor(self):
+        # With the model's own (Qwen) split, which differs from the official loader's on mixed-case
+        # words (see the README's tokenizer section).
+        return _processor(self.checkpoint, fix_mistral_regex=False)
 
     windowed = OfficialReference.windowed
 
-    @torch.no_grad()
     def run(
         self, wav: np.ndarray, words: list[str], qwen_split: bool = False
     ) -> tuple[list[int], np.ndarray, np.ndarray]:
         """(input ids, class at every timestamp position, logits there) for one sample."""
+
+        def compute() -> dict[str, np.ndarray]:
+            ids, classes, logits = self._run(wav, words, qwen_split)
+            return {"ids": np.array(ids, dtype=np.int64), "classes": classes, "logits": logits}
+
+        kept = self._kept("run", compute, wav, list(words), qwen_split)
+        return kept["ids"].tolist(), kept["classes"], kept["logits"]
+
+    @torch.no_grad()
+    def _run(
+        self, wav: np.ndarray, words: list[str], qwen_split: bool
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
         text = "<|audio_start|><|audio_pad|><|audio_end|>" + "<timestamp><timestamp>".join(words)
         text += "<timestamp><timestamp>"
         processor = self.qwen_split_processor if qwen_split else self.processor

@@ -49,6 +49,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(cwd)  # the clone's own package, not the one installed from REPO
     env.pop("MLXASR_ALIGNER", None)
+    env.pop("MLXASR_TEST_CACHE", None)  # the clone builds its own, in its own .test-cache/
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
