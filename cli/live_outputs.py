@@ -1,4 +1,9 @@
-"""The output files of an `mlxasr live` session, written after each commit."""
+"""The output files of an `mlxasr live` session, written after each commit.
+
+After a commit only what its segments add is written (outputs.appending: new paragraphs, cues and
+segments appended to the files), so that a commit at hour three costs what one at minute one does;
+the session's last write writes each file whole, as `mlxasr` writes a file's outputs.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +16,28 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.signal import Signal
 from mlx_qwen3asr.cli.live_error import LiveError
 from mlx_qwen3asr.cli.options import EXIT_FAILED
+from mlx_qwen3asr.outputs.appending import GrowingOutputs, OutputFailed
 from mlx_qwen3asr.outputs.folder import FileJob, TranscribeOptions, write_outputs
+from mlx_qwen3asr.outputs.render import FORMATS
 from mlx_qwen3asr.pipeline.result import Transcription, main_language
 from mlx_qwen3asr.text.output import join_texts
 
 
 class LiveOutputs:
-    """The session's output files, rewritten whole from the committed segments."""
+    """The session's output files: the committed segments appended after each commit, and each file
+    written whole at the end."""
 
     def __init__(self, job: FileJob | None, options: TranscribeOptions, model_name: str) -> None:
         self.job = job
         self.options = options
         self.model_name = model_name
         self.written: list[Path] = []
+        # The outputs that grow by appends; any other (none today) is rewritten after each commit.
+        self._growing = None
+        if job is not None:
+            growing = {fmt: path for fmt, path in job.outputs.items() if fmt in FORMATS}
+            self._growing = GrowingOutputs(growing, options, model=model_name, source=str(job.path))
+            self._rest = {fmt: path for fmt, path in job.outputs.items() if fmt not in FORMATS}
 
     def write(
         self,
@@ -36,8 +50,18 @@ class LiveOutputs:
     ) -> None:
         """Write the committed segments (and, with speech detection, the speech regions taken).
         `transcriber` is what holds the session's committed `segments` (append-only) and `speech`;
-        final: the session's last write."""
+        final: the session's last write, which writes each file whole (before it, only what the
+        segments committed since the last write add is written)."""
         if self.job is None:
+            return
+        if not final and not self._rest:
+            try:
+                self._growing.write(
+                    transcriber.segments, audio, len(audio) / SAMPLE_RATE, warnings, language=language
+                )
+            except OutputFailed as e:
+                raise LiveError(str(e), EXIT_FAILED) from None
+            self.written = list(self.job.outputs.values())
             return
         segments = transcriber.segments
         lang = main_language(segments) if segments else (language or "")

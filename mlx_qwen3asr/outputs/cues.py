@@ -48,6 +48,7 @@ __all__ = [
     "Cue",
     "CueOptions",
     "CueWord",
+    "FrameEnergy",
     "build_cues",
     "frame_energy_db",
     "snap_to_quiet",
@@ -70,6 +71,77 @@ _SPEECH_MARGIN_SECONDS = 0.2
 # --- audio --------------------------------------------------------------------------------------
 
 
+class FrameEnergy:
+    """The frame energy of a signal (frame_energy_db), computed by range as it is asked for.
+
+    `energy[a:b]` is frame_energy_db(audio)[a:b], to the bit, read from the audio of frames a to b
+    (and the few beside them that the smoothing takes): building the cues of a few segments of hours of
+    audio reads those segments' audio, not all of it. `len()` is the number of frames. The last range
+    computed is kept, so the ranges asked for within one segment read its audio once.
+    """
+
+    def __init__(
+        self,
+        audio,
+        sample_rate: int = SAMPLE_RATE,
+        frame_seconds: float = _FRAME_SECONDS,
+        smooth_frames: int = _SMOOTH_FRAMES,
+    ) -> None:
+        if hasattr(audio, "read"):
+            self._read, self._total = audio.read, len(audio)
+        else:
+            x = np.asarray(audio).reshape(-1)
+            self._read, self._total = (lambda a, b: x[a:b]), x.shape[0]
+        self.hop = max(1, int(round(frame_seconds * sample_rate)))
+        self.frames = -(-self._total // self.hop)
+        self.smooth = smooth_frames
+        self._kept: tuple[int, int, np.ndarray] = (0, 0, np.zeros(0))
+
+    def __len__(self) -> int:
+        return self.frames
+
+    def __getitem__(self, frames: slice) -> np.ndarray:
+        if not isinstance(frames, slice) or frames.step not in (None, 1):
+            raise TypeError("frame energy is read by contiguous range")
+        first, last, _ = frames.indices(self.frames)
+        last = max(first, last)
+        a, b, kept = self._kept
+        if not (a <= first and last <= b):
+            kept = self._window(first, last)
+            self._kept = (first, last, kept)
+            a = first
+        return kept[first - a : last - a]
+
+    def _power(self, first: int, last: int) -> np.ndarray:
+        """Mean power of frames [first, last); the last frame of the audio may be partial."""
+        hop, full = self.hop, self._total // self.hop
+        power = np.empty(last - first)
+        # Blocks keep the float64 temporaries small for hours of audio.
+        for s in range(first, min(last, full), _ENERGY_BLOCK_FRAMES):
+            count = min(_ENERGY_BLOCK_FRAMES, min(last, full) - s)
+            block = self._read(s * hop, (s + count) * hop).reshape(count, hop).astype(np.float64)
+            power[s - first : s - first + count] = np.mean(block * block, axis=1)
+        if last > full:
+            tail = self._read(full * hop, self._total).astype(np.float64)
+            power[-1] = np.mean(tail * tail)
+        return power
+
+    def _window(self, first: int, last: int) -> np.ndarray:
+        n, k = self.frames, self.smooth
+        if last <= first:
+            return np.zeros(0)
+        if k <= 1 or n <= 1:
+            return 10.0 * np.log10(self._power(first, last) + 1e-10)
+        # The frames the smoothing takes beside the range; past the audio's ends, its end frames
+        # repeated (as np.pad's "edge" mode pads the whole).
+        lo, hi = first - k // 2, last + k - 1 - k // 2
+        inside = self._power(max(lo, 0), min(hi, n))
+        padded = np.pad(inside, (max(0, -lo), max(0, hi - n)), mode="edge")
+        kernel = np.ones(k) / k
+        power = np.convolve(padded, kernel, mode="valid")[: last - first]
+        return 10.0 * np.log10(power + 1e-10)
+
+
 def frame_energy_db(
     audio,
     sample_rate: int = SAMPLE_RATE,
@@ -79,34 +151,16 @@ def frame_energy_db(
     """Mean power per frame in dB (full scale = 0 dB), smoothed over smooth_frames frames.
 
     Frame f covers samples [f * hop, (f + 1) * hop); the last, partial frame is included. `audio` is
-    an array, or a decoded signal (audio.signal.Signal) read block by block.
+    an array, or a decoded signal (audio.signal.Signal) read block by block. FrameEnergy gives ranges
+    of it without computing the rest.
     """
-    if hasattr(audio, "read"):
-        read, total = audio.read, len(audio)
-    else:
-        x = np.asarray(audio).reshape(-1)
-        read, total = (lambda a, b: x[a:b]), x.shape[0]
-    hop = max(1, int(round(frame_seconds * sample_rate)))
-    n = -(-total // hop)
-    if n == 0:
-        return np.zeros(0)
-    full = total // hop
-    power = np.empty(n)
-    # Blocks keep the float64 temporaries small for hours of audio.
-    for s in range(0, full, _ENERGY_BLOCK_FRAMES):
-        count = min(_ENERGY_BLOCK_FRAMES, full - s)
-        block = read(s * hop, (s + count) * hop).reshape(count, hop).astype(np.float64)
-        power[s : s + count] = np.mean(block * block, axis=1)
-    if n > full:
-        tail = read(full * hop, total).astype(np.float64)
-        power[-1] = np.mean(tail * tail)
-    if smooth_frames > 1 and n > 1:
-        kernel = np.ones(smooth_frames) / smooth_frames
-        power = np.convolve(np.pad(power, smooth_frames // 2, mode="edge"), kernel, mode="valid")[:n]
-    return 10.0 * np.log10(power + 1e-10)
+    energy = FrameEnergy(audio, sample_rate, frame_seconds, smooth_frames)
+    return energy._window(0, len(energy))
 
 
-def snap_to_quiet(energy_db: np.ndarray, frame_seconds: float, target: float, lo: float, hi: float) -> float:
+def snap_to_quiet(
+    energy_db: np.ndarray | FrameEnergy, frame_seconds: float, target: float, lo: float, hi: float
+) -> float:
     """The time in [lo, hi] with the quietest frame, favouring frames close to target."""
     if hi <= lo:
         return lo
@@ -120,7 +174,7 @@ def snap_to_quiet(energy_db: np.ndarray, frame_seconds: float, target: float, lo
 
 
 def _speech_bounds(
-    energy_db: np.ndarray, frame_seconds: float, start: float, end: float
+    energy_db: np.ndarray | FrameEnergy, frame_seconds: float, start: float, end: float
 ) -> tuple[float, float]:
     """Start and end of the speech inside [start, end], with a margin; the whole span if none is found."""
     first = max(0, int(start / frame_seconds))
@@ -145,7 +199,7 @@ def _segment_cues(
     start: float,
     end: float,
     options: CueOptions,
-    energy_db: np.ndarray | None,
+    energy_db: FrameEnergy | None,
     frame_seconds: float,
 ) -> list[tuple[float, float, str]]:
     units = text_units(clean_text(text), options.max_width)
@@ -203,6 +257,7 @@ def build_cues(
     sample_rate: int = SAMPLE_RATE,
     options: CueOptions | None = None,
     duration: float | None = None,
+    after: float = 0.0,
 ) -> list[Cue]:
     """Subtitle cues for transcript segments (objects with start, end and text).
 
@@ -215,10 +270,12 @@ def build_cues(
     No cue ends after `duration` seconds (default: the audio's length, when it is given).
     With speaker diarization (segments with a `speaker`), each cue carries its segment's speaker and no
     cue spans two: a segment whose words have different speakers is cut where the speaker changes.
+    after: no cue starts before this time (seconds), the end of cues shown before these segments'.
     """
     options = options or CueOptions()
     # The audio may be an array or a decoded signal read by range (long files are not held whole).
-    energy = frame_energy_db(audio, sample_rate) if audio is not None and len(audio) else None
+    # Its energy is computed by range, for the segments that need it (those without timed words).
+    energy = FrameEnergy(audio, sample_rate) if audio is not None and len(audio) else None
     if duration is None and audio is not None:
         duration = len(audio) / sample_rate
     end_ms = None if duration is None else max(1, math.ceil(duration * 1000 - 1e-6))
@@ -271,7 +328,7 @@ def build_cues(
                 words = a.words + [(t, s, e, cs + shift, ce + shift) for t, s, e, cs, ce in b.words]
             raw[-1] = RawCue(a.start, b.end, f"{a.text}\n{b.text}", words, speaker=a.speaker)
     cues: list[Cue] = []
-    prev_end = 0
+    prev_end = to_milliseconds(after)
     n = len(raw)
     for k, cue in enumerate(raw):
         start_ms = max(to_milliseconds(cue.start), prev_end)

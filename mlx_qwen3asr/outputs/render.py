@@ -27,6 +27,9 @@ __all__ = [
     "render_vtt",
     "rttm_file_id",
     "segment_json",
+    "srt_blocks",
+    "txt_paragraphs",
+    "vtt_blocks",
 ]
 
 FORMATS: tuple[str, ...] = ("txt", "srt", "vtt", "json")
@@ -74,10 +77,10 @@ def _speaker_prefix(speaker_format: str) -> Callable[[str], str]:
     return lambda label: speaker_format.format(speaker=label)
 
 
-def _changes(speakers: Sequence[str | None]) -> list[str | None]:
-    """For each item, its speaker where it differs from the last speaker before it, else None."""
+def _changes(speakers: Sequence[str | None], last: str | None = None) -> list[str | None]:
+    """For each item, its speaker where it differs from the last speaker before it (`last` before the
+    first), else None."""
     out: list[str | None] = []
-    last = None
     for speaker in speakers:
         out.append(speaker if speaker is not None and speaker != last else None)
         if speaker is not None:
@@ -91,16 +94,27 @@ def render_txt(result: Transcription, *, speaker_format: str = DEFAULT_SPEAKER_F
     With speakers (speaker diarization), a paragraph where the speaker changes starts with
     speaker_format ("{speaker}: " gives "Speaker 1: ...").
     """
-    prefix = _speaker_prefix(speaker_format)
-    kept = [(clean_text(s.text), getattr(s, "speaker", None)) for s in result.segments]
-    kept = [(p, speaker) for p, speaker in kept if p]
-    paragraphs = [
-        (prefix(change) if change is not None else "") + p
-        for (p, _), change in zip(kept, _changes([speaker for _, speaker in kept]))
-    ]
+    paragraphs = txt_paragraphs(result.segments, speaker_format=speaker_format)
     if not paragraphs and result.text.strip():
         paragraphs = [clean_text(result.text)]
     return "\n\n".join(paragraphs) + "\n" if paragraphs else ""
+
+
+def txt_paragraphs(
+    segments: Sequence[Any],
+    *,
+    speaker_format: str = DEFAULT_SPEAKER_FORMAT,
+    speaker: str | None = None,
+) -> list[str]:
+    """The plain text's paragraphs of these segments (render_txt), after paragraphs whose last speaker
+    was `speaker`."""
+    prefix = _speaker_prefix(speaker_format)
+    kept = [(clean_text(s.text), getattr(s, "speaker", None)) for s in segments]
+    kept = [(p, who) for p, who in kept if p]
+    return [
+        (prefix(change) if change is not None else "") + p
+        for (p, _), change in zip(kept, _changes([who for _, who in kept], speaker))
+    ]
 
 
 def _word_groups(cue: Cue) -> list[tuple[int, list[int]]]:
@@ -165,18 +179,31 @@ def render_srt(
     With speakers (Cue.speaker), a cue where the speaker changes starts with speaker_format
     ("{speaker}: " gives "Speaker 1: ..."), in each of its blocks.
     """
+    return "".join(srt_blocks(cues, highlight_words=highlight_words, speaker_format=speaker_format))
+
+
+def srt_blocks(
+    cues: Sequence[Cue],
+    *,
+    highlight_words: bool | str | None = None,
+    speaker_format: str = DEFAULT_SPEAKER_FORMAT,
+    first: int = 1,
+    speaker: str | None = None,
+) -> list[str]:
+    """The SubRip blocks of these cues (render_srt), numbered from `first`, after cues whose last
+    speaker was `speaker`."""
     underline = _highlight_style(highlight_words) is not None
     prefix = _speaker_prefix(speaker_format)
-    changes = _changes([c.speaker for c in cues])
+    changes = _changes([c.speaker for c in cues], speaker)
     entries = [
         (start, end, (prefix(change) if change is not None else "") + text)
         for c, change in zip(cues, changes)
         for start, end, text in _underlined_entries(c, underline, _as_is)
     ]
-    return "".join(
+    return [
         f"{i}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n\n"
-        for i, (start, end, text) in enumerate(entries, 1)
-    )
+        for i, (start, end, text) in enumerate(entries, first)
+    ]
 
 
 def _vtt_escape(text: str) -> str:
@@ -214,6 +241,11 @@ def render_vtt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None
     the words already said.
     With speakers (Cue.speaker), every cue of a speaker is a voice span, `<v Speaker 1>...`.
     """
+    return "WEBVTT\n\n" + "\n".join(vtt_blocks(cues, highlight_words=highlight_words))
+
+
+def vtt_blocks(cues: Sequence[Cue], *, highlight_words: bool | str | None = None) -> list[str]:
+    """The WebVTT blocks of these cues (render_vtt: the header, then the blocks a blank line apart)."""
     style = _highlight_style(highlight_words)
     if style == "karaoke":
         entries = [(c.start, c.end, _vtt_voice(c) + _vtt_karaoke(c)) for c in cues]
@@ -223,11 +255,10 @@ def render_vtt(cues: Sequence[Cue], *, highlight_words: bool | str | None = None
             for c in cues
             for start, end, text in _underlined_entries(c, style is not None, _vtt_escape)
         ]
-    blocks = [
+    return [
         f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n{text}\n"
         for start, end, text in entries
     ]
-    return "WEBVTT\n\n" + "\n".join(blocks)
 
 
 def _displayable(text: str) -> str:
