@@ -1,20 +1,16 @@
-"""Files diarized on a worker thread while the engine transcribes them (DiarizeQueue), only where speech
-detection finds speech, and the run's transcriptions paired with their speakers as both come
-(SpeakerPairs), with the diarizer's own progress told to the reporter while it works."""
+"""mlxasr --diarize beside transcription: the run's files diarized by the shared DiarizeQueue
+(mlx_qwen3asr.diarize.queue; only where speech detection finds speech), the transcriptions paired with
+their speakers as both come (SpeakerPairs), and the diarizer's progress as the reporter says it
+(speaker_work)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-import numpy as np
-
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
-from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.cli.reporter import SpeakerWork
-from mlx_qwen3asr.diarize.given import diarize_speech, read_samples, speech_seconds
+from mlx_qwen3asr.diarize.queue import LOST, DiarizeQueue, Outcome
 from mlx_qwen3asr.pipeline.inputs import samples_in_memory
 
 __all__ = [
@@ -22,207 +18,21 @@ __all__ = [
     "DiarizeQueue",
     "Outcome",
     "SpeakerPairs",
-    "read_samples",
-    "speech_seconds",
+    "speaker_work",
 ]
 
 # Transcribed files waiting for their speakers hold at most this many samples of decoded audio in memory
 # (40 minutes, as many as the inputs read ahead may hold); past it the run waits for the diarizer.
 WAITING_SAMPLES = 40 * 60 * SAMPLE_RATE
-# What a file waiting for speakers the diarizer will never give (its thread ended) fails with.
-LOST = "the diarizer stopped before this file"
 # How often (seconds) a run waiting for speakers tells the reporter how the diarizer is getting on.
 POLL_SECONDS = 0.5
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """A file diarized: its speaker turns, or the error that stopped it; seconds: its audio's length."""
-
-    turns: list[Any] | None
-    seconds: float = 0.0
-    error: BaseException | None = None
-
-
-class DiarizeQueue:
-    """Files diarized one at a time on a worker thread (the library releases the GIL, so this runs beside
-    transcription), in the order given, except that a file someone waits for (hurry) goes first.
-
-    vad: speech detection's options; each file is diarized only where it finds speech (a file with none
-    is not given to the diarizer at all). None: the whole audio is diarized.
-
-    Outcomes are collected with take(); wait() blocks until one of some keys is done (or a timeout);
-    close() drops what has not started and does not wait for the file being diarized; work() says how
-    far the diarizer has got."""
-
-    def __init__(
-        self,
-        diarizer: Any,
-        options: Any,
-        *,
-        read: Callable[[Any], np.ndarray] = read_samples,
-        vad: VadOptions | None = None,
-    ) -> None:
-        self._diarizer, self._options, self._read, self._vad = diarizer, options, read, vad
-        self._cond = threading.Condition()
-        self._pending: list[tuple[Hashable, Any]] = []
-        self._seconds: dict[Hashable, float] = {}  # each file's audio, estimated, then known
-        self._urgent: set[Hashable] = set()
-        self._running: Hashable | None = None
-        self._done: dict[Hashable, Outcome] = {}
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name="mlxasr-diarize", daemon=True)
-        self._thread.start()
-
-    def submit(self, key: Hashable, audio: Any, seconds: float = 0.0) -> None:
-        """Diarize audio; seconds: its length as estimated (for the time left)."""
-        with self._cond:
-            self._pending.append((key, audio))
-            self._seconds[key] = max(float(seconds), 0.0)
-            self._cond.notify_all()
-
-    def hurry(self, key: Hashable) -> None:
-        """Diarize key next (its transcription is done and waits for it)."""
-        with self._cond:
-            self._urgent.add(key)
-
-    def cancel(self, key: Hashable) -> None:
-        """Forget key: not diarized if it has not started; its outcome dropped if it has."""
-        with self._cond:
-            self._pending = [(k, a) for k, a in self._pending if k != key]
-            self._urgent.discard(key)
-            self._done.pop(key, None)
-            if self._running == key:
-                self._running = None  # its outcome is not kept
-
-    def take(self) -> dict[Hashable, Outcome]:
-        """The outcomes finished since the last call."""
-        with self._cond:
-            done, self._done = self._done, {}
-        return done
-
-    def wait(self, keys: Iterable[Hashable], timeout: float) -> None:
-        """Until an outcome of one of keys is waiting to be taken, one of them never will be (lost), or
-        timeout."""
-        keys = set(keys)
-        with self._cond:
-            self._cond.wait_for(lambda: keys & self._done.keys() or self._lost(keys), timeout)
-
-    def lost(self, keys: Iterable[Hashable]) -> set[Hashable]:
-        """Those of keys that will never have an outcome to take: not waiting, not being diarized and not
-        done (taken already, never submitted, or the queue closed or its thread gone)."""
-        with self._cond:
-            return self._lost(set(keys))
-
-    def _lost(self, keys: set[Hashable]) -> set[Hashable]:
-        if self._closed or not self._thread.is_alive():
-            return keys - self._done.keys()
-        queued = {k for k, _ in self._pending} | {self._running}
-        return keys - queued - self._done.keys()
-
-    def outcome(self, key: Hashable) -> Outcome:
-        """key's outcome, once it is done (taken here); an error outcome if it never will be."""
-        while True:
-            self.wait([key], timeout=POLL_SECONDS)
-            with self._cond:
-                if key in self._done:
-                    return self._done.pop(key)
-                if self._lost({key}):
-                    return Outcome(None, error=RuntimeError(LOST))
-
-    @property
-    def busy(self) -> bool:
-        """Some file is still to be diarized or being diarized."""
-        with self._cond:
-            return bool(self._pending) or self._running is not None
-
-    def work(self) -> SpeakerWork:
-        """How far the diarizer has got: the files left, the one it works on, the share of it done and the
-        seconds left in all, where the diarizer tells (progress(), estimate(); stand-ins may lack them)."""
-        with self._cond:
-            running = self._running
-            queued = [self._seconds.get(k, 0.0) for k, _ in self._pending]
-            current = self._seconds.get(running, 0.0) if running is not None else 0.0
-        files = len(queued) + (running is not None)
-        progress = getattr(self._diarizer, "progress", None)
-        snap = progress() if callable(progress) and running is not None else None
-        estimate = getattr(self._diarizer, "estimate", None)
-        left = None
-        if callable(estimate):
-            now = (
-                snap.seconds_left if snap is not None else (estimate(current) if running is not None else 0.0)
-            )
-            left = max(float(now), 0.0) + sum(float(estimate(s)) for s in queued if s > 0)
-        elif snap is not None and not queued:
-            left = max(float(snap.seconds_left), 0.0)
-        return SpeakerWork(
-            files=files,
-            key=running,
-            fraction=None if snap is None else min(max(float(snap.fraction), 0.0), 1.0),
-            left=left,
-            attempt=1 if snap is None else int(snap.attempt),
-            attempts=1 if snap is None else int(snap.attempts),
-        )
-
-    def close(self, wait: bool = False, timeout: float | None = None) -> None:
-        """Drop what has not started; a file being diarized is cancelled where the diarizer can be
-        (the library stops at its next stage), and waited for only with wait."""
-        with self._cond:
-            self._closed = True
-            self._pending.clear()
-            running = self._running is not None
-            self._cond.notify_all()
-        cancel = getattr(self._diarizer, "cancel", None)
-        if running and callable(cancel):
-            cancel()
-        if wait:
-            self._thread.join(timeout)
-
-    def _next(self) -> tuple[Hashable, Any] | None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._pending or self._closed)
-            if self._closed:
-                return None
-            at = next((i for i, (k, _) in enumerate(self._pending) if k in self._urgent), 0)
-            key, audio = self._pending.pop(at)
-            self._urgent.discard(key)
-            self._running = key
-            return key, audio
-
-    def _work(self) -> None:
-        try:
-            self._diarize_all()
-        finally:  # however it ends, nobody waits for it any more
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-
-    def _diarize(self, key: Hashable, samples: np.ndarray) -> Any:
-        speech = speech_seconds(samples, self._vad)
-        if speech is not None and not speech:  # nothing said: no speakers, and no diarizer run
-            return []
-        with self._cond:
-            if speech is not None:  # what the diarizer is given, for the time left
-                self._seconds[key] = sum(end - start for start, end in speech)
-        return diarize_speech(self._diarizer, samples, self._options, speech)
-
-    def _diarize_all(self) -> None:
-        while (item := self._next()) is not None:
-            key, audio = item
-            seconds = 0.0
-            try:
-                samples = self._read(audio)
-                seconds = samples.shape[0] / SAMPLE_RATE
-                with self._cond:
-                    self._seconds[key] = seconds
-                outcome = Outcome(self._diarize(key, samples), seconds)
-            except Exception as e:  # one file's failure is that file's outcome
-                outcome = Outcome(None, seconds, e)
-            with self._cond:
-                if self._running == key:
-                    self._done[key] = outcome
-                self._running = None
-                self._cond.notify_all()
+def speaker_work(queue: DiarizeQueue, waiting: bool = False) -> SpeakerWork:
+    """How far the queue's diarizer has got, as the bar and the log lines say it; waiting: every file is
+    transcribed (the run waits for speakers alone)."""
+    b = queue.backlog()
+    return SpeakerWork(b.files, b.key, b.fraction, b.left, b.attempt, b.attempts, waiting)
 
 
 class SpeakerPairs:
@@ -253,7 +63,7 @@ class SpeakerPairs:
 
     def _tell(self) -> None:
         if self._speakers is not None:
-            self._speakers(replace(self.queue.work(), waiting=self._transcribed))
+            self._speakers(speaker_work(self.queue, self._transcribed))
 
     def _collect(self) -> None:
         for key, outcome in self.queue.take().items():

@@ -1,6 +1,7 @@
 """Who said what (--diarize): the options that `mlxasr`, `mlxasr align` and `mlxasr serve` share, the
 diarization library reached through one seam (`library`), and DiarizeQueue, which diarizes files on a
-worker thread while the engine transcribes them (mlx_qwen3asr.cli.diarize_queue).
+worker thread while the engine transcribes them (mlx_qwen3asr.diarize.queue, the server's too), with the
+run's pairing of transcriptions and speakers (SpeakerPairs, mlx_qwen3asr.cli.diarize_queue).
 
 The library (mlx_qwen3asr.diarize) is an optional extra. Without it a command that is asked to diarize
 says so on one line naming the install command and stops with status 2 before any model loads."""

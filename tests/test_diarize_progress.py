@@ -24,10 +24,11 @@ import mlx_qwen3asr.cli.diarizing as diarizing
 import mlx_qwen3asr.cli.reporter as reporter_module
 import mlx_qwen3asr.diarize as library
 from mlx_qwen3asr.audio.vad import VadOptions
-from mlx_qwen3asr.cli.diarize_queue import DiarizeQueue, SpeakerPairs
+from mlx_qwen3asr.cli.diarize_queue import SpeakerPairs, speaker_work
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.cli.reporter import Reporter
 from mlx_qwen3asr.diarize import Turn
+from mlx_qwen3asr.diarize.queue import DiarizeQueue
 from tools.sounds import espeak, trimmed
 
 RATE = 16000
@@ -255,9 +256,9 @@ def test_without_progress_or_estimate_the_bar_still_says_it_finds_speakers(termi
     queue = DiarizeQueue(lambda samples, options: time.sleep(0.3) or [], None, read=lambda s: s)
     queue.submit(0, np.zeros(10 * RATE, dtype=np.float32), 10.0)
     deadline = time.monotonic() + 5
-    while not queue.work().key == 0 and time.monotonic() < deadline:
+    while not queue.backlog().key == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    work = queue.work()
+    work = speaker_work(queue)
     report.diarizing(work)
     line = rendered(report, 80)[0]
     queue.close(wait=True)

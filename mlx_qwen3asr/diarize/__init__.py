@@ -24,7 +24,9 @@ speakrs alone stops only between its stages, minutes apart on long audio (what t
 The package: `turns` (Turn, Turns, DiarizeOptions, DiarizeProgress, the errors), `diarizer` (the
 Diarizer), `loading` (load_diarizer and the execution mode), `process` (the worker process, from the
 parent's side) and `worker` (the script it runs: the standard library, numpy and speakrs only),
-`speakers` (assign_speakers), `rttm`, `given` (what a diarizer is given: samples, the speech found).
+`speakers` (assign_speakers), `rttm`, `given` (what a diarizer is given: samples, the speech found),
+`queue` (DiarizeQueue: one diarizer's jobs on a worker thread, with cancelling and progress, which the
+commands and the server share).
 """
 
 from __future__ import annotations

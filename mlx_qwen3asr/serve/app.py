@@ -23,7 +23,8 @@ traceback or the key; the details go to the server's log.
 `create_app(engine, ...)` builds the ASGI application; `mlxasr serve` (mlx_qwen3asr.cli.serve) loads
 the model and runs it with uvicorn. Here are the routes and what they share; access.py checks who is
 served, connections.py bounds connections, uploads.py reads the form, openai.py parses the request and
-renders the answer, speakers.py diarizes beside transcription, errors.py shapes what is refused.
+renders the answer, speakers.py diarizes beside transcription, load.py refuses work past the queue's
+limit (with a Retry-After), errors.py shapes what is refused.
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import shutil
 import tempfile
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,6 +60,7 @@ from mlx_qwen3asr.serve.access import Access, Guard
 from mlx_qwen3asr.serve.connections import ConnectionLimits, http_protocol
 from mlx_qwen3asr.serve.errors import APIError, ClientGone
 from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits, LiveSessions
+from mlx_qwen3asr.serve.load import Load
 from mlx_qwen3asr.serve.openai import (
     FORM_REPEATS,
     RESPONSE_FORMATS,
@@ -68,7 +68,7 @@ from mlx_qwen3asr.serve.openai import (
     parse_request,
     render_response,
 )
-from mlx_qwen3asr.serve.speakers import Diarization, Speakers
+from mlx_qwen3asr.serve.speakers import DiarizeJob, Speakers
 from mlx_qwen3asr.serve.uploads import Upload, read_upload, write_chunk
 
 __all__ = [
@@ -90,11 +90,6 @@ DEFAULT_MAX_QUEUE_SECONDS = 3600.0
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # How often a request waiting for its job looks whether its client is still there.
 DISCONNECT_POLL_SECONDS = 0.1
-# Retry-After when the server has not finished anything yet to measure its speed by.
-DEFAULT_RETRY_AFTER = 5
-MAX_RETRY_AFTER = 600
-# Completed jobs within this many seconds give the speed that Retry-After is computed from.
-SPEED_WINDOW_SECONDS = 120.0
 
 
 def _wait_for(job: Job) -> None:
@@ -103,7 +98,7 @@ def _wait_for(job: Job) -> None:
 
 
 class _Server:
-    """What the routes share: the engine, the limits, the upload folder and the speed measured.
+    """What the routes share: the engine, the limits and the load (load.py), the upload folder.
 
     read_audio decodes an upload (mlx_qwen3asr.audio.files.read_audio) and write_upload stores the
     pieces of one as they arrive (uploads.write_chunk): attributes, so that another can stand in.
@@ -124,47 +119,16 @@ class _Server:
         speakers: Speakers | None = None,
     ) -> None:
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
-        self.max_upload_bytes, self.max_queue_seconds = max_upload_bytes, max_queue_seconds
+        self.max_upload_bytes = max_upload_bytes
         self.max_audio_seconds, self.access = max_audio_seconds, access
         self.upload_dir, self.words_unavailable = upload_dir, words_unavailable
         self.speakers = speakers
+        self.load = Load(engine, speakers, max_queue_seconds)
         self.created = int(time.time())
-        self.started = time.monotonic()
-        self.finished: deque[tuple[float, float]] = deque()  # (when, audio seconds) of recent jobs
         # Threads that wait on jobs (one per waiting request; they block, the event loop does not).
         self.waiters = ThreadPoolExecutor(max_workers=512, thread_name_prefix="mlxasr-wait")
         self.read_audio = read_audio
         self.write_upload = write_chunk
-
-    # -- limits --
-
-    def busy(self, diarize: bool = False) -> APIError | None:
-        """The 503 to answer with when the engine (or, for a diarized answer, the diarizer) already holds
-        more audio than allowed, else None."""
-        queued = self.engine.queued_seconds()
-        if diarize and self.speakers is not None:
-            queued = max(queued, self.speakers.queued_seconds())
-        if queued <= self.max_queue_seconds:
-            return None
-        retry = self.retry_after(queued - self.max_queue_seconds)
-        return APIError(
-            503,
-            f"the server is busy: {queued:.0f} s of audio are waiting (limit {self.max_queue_seconds:g} s); "
-            f"retry in {retry} s",
-            code="server_busy",
-            headers={"Retry-After": str(retry)},
-        )
-
-    def retry_after(self, excess: float) -> int:
-        """Seconds until `excess` seconds of audio are done, at the speed of the recent jobs."""
-        now = time.monotonic()
-        while self.finished and self.finished[0][0] < now - SPEED_WINDOW_SECONDS:
-            self.finished.popleft()
-        window = min(SPEED_WINDOW_SECONDS, now - self.started)
-        done = sum(s for _, s in self.finished)
-        if not done or window <= 0:
-            return DEFAULT_RETRY_AFTER
-        return max(1, min(MAX_RETRY_AFTER, math.ceil(excess * window / done)))
 
     # -- jobs --
 
@@ -219,28 +183,16 @@ class _Server:
         )
 
     async def with_speakers(
-        self, request: Request | None, turns: Diarization, result: Transcription
+        self, request: Request | None, turns: DiarizeJob, result: Transcription
     ) -> Transcription:
         """result with the speakers of its diarization (turns, from Speakers.submit); a client that
         leaves meanwhile (request given; else the task is cancelled) cancels it. Raises APIError (500)
         when diarization failed."""
-        future = asyncio.wrap_future(turns.future)
-        try:
-            found = await (self._watch(request, future) if request is not None else future)
-        except (ClientGone, asyncio.CancelledError):
-            turns.cancel()
-            raise
-        except Exception as e:
-            log.error("speaker diarization failed", exc_info=(type(e), e, e.__traceback__))
-            raise APIError(
-                500,
-                "speaker diarization failed (internal error; see the server log)",
-                code="diarization_failed",
-            ) from None
         assert self.speakers is not None
-        return await anyio.to_thread.run_sync(self.speakers.assign, result, found)
+        watch = None if request is None else lambda future: self._watch(request, future)
+        return await self.speakers.speakers(turns, result, watch)
 
-    def finish(self, job: Job | None, upload: Upload, turns: Diarization | None = None) -> None:
+    def finish(self, job: Job | None, upload: Upload, turns: DiarizeJob | None = None) -> None:
         """A request is over: its job stops if it still runs, its diarization is cancelled if it waits
         or runs, its file goes, its samples are closed."""
         if turns is not None:
@@ -252,7 +204,7 @@ class _Server:
             else:
                 res = job.input_result
                 if res is not None and res.transcription is not None:
-                    self.finished.append((time.monotonic(), job.seconds))
+                    self.load.finished(job.seconds)
                 if res is not None and res.wav is not None:
                     with contextlib.suppress(Exception):
                         res.wav.close()
@@ -289,14 +241,14 @@ class _Server:
     # -- routes --
 
     async def transcriptions(self, request: Request) -> Response:
-        error = self.busy()  # before the upload is read
+        error = self.load.busy()  # before the upload is read
         if error is not None:
             raise error
         upload = await read_upload(
             request, self.upload_dir, self.max_upload_bytes, self.write_upload, FORM_REPEATS
         )
         job: Job | None = None
-        turns: Diarization | None = None  # the speaker turns of a diarized answer
+        turns: DiarizeJob | None = None  # the speaker turns of a diarized answer
         streaming = False
         try:
             req = parse_request(upload)
@@ -317,7 +269,7 @@ class _Server:
                     code="diarization_unavailable",
                 )
             audio, seconds = await self.decode(upload)
-            error = self.busy(req.diarize)  # others may have come in meanwhile
+            error = self.load.busy(req.diarize)  # others may have come in meanwhile
             if error is not None:
                 raise error
             try:
@@ -383,10 +335,8 @@ class _Server:
                 "model": self.model_id,
                 "word_timestamps": self.engine.aligner is not None,
                 "diarization": self.speakers is not None,
-                "queued_seconds": round(self.engine.queued_seconds(), 3),
-                "diarization_queued_seconds": round(
-                    self.speakers.queued_seconds() if self.speakers is not None else 0.0, 3
-                ),
+                "queued_seconds": round(self.load.queued(), 3),
+                "diarization_queued_seconds": round(self.load.diarization_queued(), 3),
             }
         )
 
