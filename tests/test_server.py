@@ -728,3 +728,27 @@ def test_serve_without_the_default_aligner_and_with_a_full_queue(checkpoints, tm
         proc.send_signal(2)  # SIGINT: Ctrl-C
         status = proc.wait(timeout=60)
     assert status == 130, "".join(lines)
+
+
+def test_a_full_queue_is_refused_with_a_retry_after_from_the_recent_speed():
+    from mlx_qwen3asr.serve.load import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, SPEED_WINDOW_SECONDS, Load
+
+    class Holding:
+        seconds = 0.0
+
+        def queued_seconds(self) -> float:
+            return self.seconds
+
+    engine, speakers = Holding(), Holding()
+    load = Load(engine, speakers, max_queue_seconds=100.0)
+    load.started -= SPEED_WINDOW_SECONDS  # a whole window measured
+    assert load.busy() is None
+    engine.seconds = 160.0
+    assert load.busy().status == 503
+    assert load.busy().headers["Retry-After"] == str(DEFAULT_RETRY_AFTER)  # nothing done yet to measure
+    load.finished(240.0)  # 2 s of audio a second lately: the 60 s over the limit take 30 s
+    assert load.busy().headers["Retry-After"] == "30" and load.busy().code == "server_busy"
+    engine.seconds, speakers.seconds = 0.0, 160.0  # the diarizer's queue counts for diarized answers alone
+    assert load.busy() is None and load.busy(diarize=True).headers["Retry-After"] == "30"
+    engine.seconds = 1e9
+    assert load.busy().headers["Retry-After"] == str(MAX_RETRY_AFTER)

@@ -387,7 +387,7 @@ class EventStream:
         upload: Upload,
         req: TranscriptionRequest,
         first: Segment,
-        turns: Any = None,  # the request's speakers.Diarization
+        turns: Any = None,  # the request's diarization (a DiarizeJob, from speakers.Speakers.submit)
     ):
         self.server, self.job, self.upload, self.req, self.first = server, job, upload, req, first
         self.turns = turns
