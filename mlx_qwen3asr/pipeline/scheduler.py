@@ -95,7 +95,7 @@ class Scheduler:
         parts: Parts | None = None,
     ) -> None:
         """held_seconds: decoded audio that inputs read ahead may hold in memory at once.
-        max_batch: rows at most when the batch is sized automatically (default: the path's tuning)."""
+        max_batch: rows at most when the batch is sized automatically (default: the device's, runtime/device.py)."""
         require_kind(model, "asr")
         self.parts = parts if parts is not None else Parts()
         if aligner is not None:

@@ -38,7 +38,7 @@ def transcribe_stream(
     """Transcribe many inputs, decoding segments of several inputs together; yields results as inputs finish.
 
     batch_size: rows decoded together (None: as many as MEMORY_FRACTION of the free memory holds
-        KV caches for, given the segments' lengths, up to the path's Tuning.max_batch); finished rows are replaced by
+        KV caches for, given the segments' lengths, up to the device's Tuning.max_batch, runtime/device.py); finished rows are replaced by
         waiting segments as they go (continuous batching).
     skip: inputs whose waveform this returns True for are not sent to the model (empty result).
     on_segment(input index, segment): each input's segments, in time order, as they become known.
