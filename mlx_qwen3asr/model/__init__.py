@@ -1,2 +1,5 @@
-"""The model itself: configuration, the MLX modules, and greedy decoding: prefill, the decoding batch,
-decoding after a draft, and the entry points (generate.py)."""
+"""The model itself, modules only: the configuration (config.py), the MLX modules (the audio encoder, the
+text decoder and its key/value cache, the thinker that joins them: encoder.py, decoder.py, cache.py,
+qwen3asr.py), and greedy decoding: prefill (prefill.py), the decoding batch (batch.py), decoding after a
+draft, which makes a live step cheap (draft.py), and the entry points (generate.py). One code path on
+every device: MLX's own operations and fused kernels."""
