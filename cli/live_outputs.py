@@ -32,7 +32,8 @@ class LiveOutputs:
         self.options = options
         self.model_name = model_name
         self.written: list[Path] = []
-        # The outputs that grow by appends; any other (none today) is rewritten after each commit.
+        # The outputs, grown by appends after each commit; with a format that cannot grow (none
+        # today), every file is rewritten whole after each commit instead.
         self._growing = None
         if job is not None:
             growing = {fmt: path for fmt, path in job.outputs.items() if fmt in FORMATS}
