@@ -21,9 +21,11 @@ import srt
 from reference import test_signal
 
 import mlx_qwen3asr.cli.live as live
+import mlx_qwen3asr.cli.live_display as live_display
 from mlx_qwen3asr.audio.files import load_audio
 from mlx_qwen3asr.checkpoints.loading import load
 from mlx_qwen3asr.cli.main import main
+from mlx_qwen3asr.pipeline import live_session
 from mlx_qwen3asr.pipeline.result import Segment
 from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
 from mlx_qwen3asr.text.output import join_texts
@@ -103,7 +105,7 @@ def test_input_file_writes_what_the_streaming_transcriber_commits(tmp_path, ckpt
 
 
 def test_session_audio_is_kept_on_disk_and_read_back_exactly():
-    kept = live._Audio(keep=True)
+    kept = live_session.SessionAudio(keep=True)
     blocks = [np.linspace(-1, 1, n, dtype=np.float32) for n in (5, 0, 16000, 7)]
     for block in blocks:
         kept.add(block)
@@ -112,7 +114,7 @@ def test_session_audio_is_kept_on_disk_and_read_back_exactly():
     assert np.array_equal(signal_.read(0, len(signal_)), np.concatenate(blocks))
     assert np.array_equal(signal_.read(10, 20), np.concatenate(blocks)[10:20])
     kept.close()
-    nothing = live._Audio(keep=False)  # no outputs: the audio is only counted
+    nothing = live_session.SessionAudio(keep=False)  # no outputs: the audio is only counted
     nothing.add(blocks[2])
     assert nothing.count == 16000 and len(nothing.signal()) == 0
 
@@ -129,11 +131,11 @@ def test_a_full_temporary_folder_ends_the_session_with_one_line_and_what_was_com
         def fileno(self):
             raise OSError("no descriptor")
 
-    monkeypatch.setattr(live, "_spill_file", Full)
+    monkeypatch.setattr(live_session, "spill_file", Full)
     monkeypatch.setattr(
-        live,
+        live_session,
         "FileSignal",
-        lambda f, n, peak: live.ArraySignal(np.frombuffer(f.getvalue(), dtype=np.float32)[:n]),
+        lambda f, n, peak: live_session.ArraySignal(np.frombuffer(f.getvalue(), dtype=np.float32)[:n]),
     )
     audio = write_wav(tmp_path / "talk.wav", 8.0, 1)
     status = main(["live", "--input", str(audio), "--model", ckpt, *STREAM, "--json"])
@@ -433,7 +435,7 @@ def test_terminal_display_shows_the_unstable_tail_dimmed(monkeypatch):
             return True
 
     screen = Terminal()
-    display = live._Display(quiet=False, out=screen)
+    display = live_display.Display(quiet=False, out=screen)
     update = live.StreamUpdate(
         language="English", text="hello there world", stable="hello there", unstable=" world"
     )
@@ -521,7 +523,7 @@ def test_an_aligner_failure_keeps_the_text_with_estimated_times_and_one_line(
     def broken(*args, **kwargs):
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr(live, "align_span", broken)
+    monkeypatch.setattr(live_session, "align_span", broken)
     status, doc = live_json(tmp_path, ckpt, "--srt")
     err = [line for line in capsys.readouterr().err.splitlines() if "aligner failed" in line]
     assert status == 0 and doc["segments"] and all(s["timing"] == "estimated" for s in doc["segments"])

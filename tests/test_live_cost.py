@@ -1,5 +1,5 @@
-"""What keeps a live step cheap (mlx_qwen3asr/pipeline/streaming.py, model/generate.py): drafts checked
-in one pass, the keys and values of a longer shared prompt start, encoder windows kept between steps,
+"""What keeps a live step cheap (mlx_qwen3asr/pipeline/window_decode.py and commits.py,
+model/draft.py): drafts checked in one pass, the keys and values of a longer shared prompt start, encoder windows kept between steps,
 commits at pauses without another decode, and a commit's head decoded after what the window wrote.
 Each is checked against the plain computation it replaces; the official parity of a stream that
 keeps encoder windows is in tests/test_streaming.py."""
@@ -13,7 +13,7 @@ from reference import test_signal
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
 from mlx_qwen3asr.model.generate import extend_prefix, greedy_generate, prefill_prefix
-from mlx_qwen3asr.pipeline import streaming
+from mlx_qwen3asr.pipeline import rollback, window_decode
 from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
 
@@ -251,12 +251,12 @@ def test_a_commit_cut_between_decodes_decodes_the_head_after_what_the_window_wro
     ],
 )
 def test_the_text_carried_into_the_new_window(window, prefix, head, carried):
-    assert streaming._carried_text(window, prefix, head) == carried
+    assert rollback.carried_text(window, prefix, head) == carried
 
 
 def test_the_header_of_a_raw_output():
-    assert streaming._header("language German<asr_text>Hallo") == "language German<asr_text>"
-    assert streaming._header("Hallo") == ""
+    assert rollback.header("language German<asr_text>Hallo") == "language German<asr_text>"
+    assert rollback.header("Hallo") == ""
 
 
 def test_an_unbounded_window_keeps_a_bounded_number_of_prompt_starts(model):
@@ -268,11 +268,11 @@ def test_an_unbounded_window_keeps_a_bounded_number_of_prompt_starts(model):
     stream = StreamingTranscriber(model, language="English", max_new_tokens=2, max_window_seconds=None)
     for pos in range(0, audio.shape[0], CHUNK):
         stream.feed(audio[pos : pos + CHUNK])
-    blocks = stream._blocks
+    blocks = stream.windows.blocks
     assert len(blocks.prefixes) == 6  # 50 s: six complete 8 s windows
     held = [p for p in blocks.prefixes if p is not None]
-    assert len(held) == streaming.KEPT_PREFIXES and blocks.prefixes[-1] is held[-1]
-    assert sum(f is not None for f in blocks.features) == streaming.KEPT_PREFIXES
+    assert len(held) == window_decode.KEPT_PREFIXES and blocks.prefixes[-1] is held[-1]
+    assert sum(f is not None for f in blocks.features) == window_decode.KEPT_PREFIXES
     assert stream.step_encoded_samples[-1] == 10 * SR  # still kept: only the audio after 40 s
 
 

@@ -106,7 +106,7 @@ def chosen_scores(logits: mx.array, y: mx.array, none: int) -> mx.array:
 
 
 @dataclass
-class _Row:
+class Row:
     key: Hashable
     budget: int
     tokens: list[int]
@@ -159,7 +159,7 @@ class DecodeBatch:
         self.header = header if header is not None else _NO_HEADER
         settings = tuning()
         self.prefill_rows = max(1, int(prefill_rows or settings.prefill_rows))
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self.steps = 0  # decoding steps taken
         self.cache: list[KVCache] | None = None  # per layer; each holds the rows' padding (left_pad)
         self.y: mx.array | None = None  # (rows,) each row's next token, possibly still being computed
@@ -206,7 +206,7 @@ class DecodeBatch:
         prompts = [list(prompts[i]) for i in chosen]
         features = [audio_features[i] for i in chosen]
         new_rows = [
-            _Row(keys[i], int(max_new_tokens[i]), [], [] if self.keep_logits else None) for i in chosen
+            Row(keys[i], int(max_new_tokens[i]), [], [] if self.keep_logits else None) for i in chosen
         ]
         positions = [_language_position(p, self.header) for p in prompts]
         caches, lasts = [], []
@@ -231,24 +231,37 @@ class DecodeBatch:
             mx.clear_cache()  # the group's activations are done with
         logits = self.net.logits(mx.concatenate(lasts, axis=0))
         y = mx.argmax(logits, axis=-1)
+        self.join(caches, new_rows, y, logits, chosen_scores(logits, y, self.header.none))
+        return done
+
+    def join(
+        self,
+        caches: list[list[KVCache]],
+        new_rows: list[Row],
+        y: mx.array,
+        logits: mx.array,
+        scores: mx.array,
+    ) -> None:
+        """Let prefilled rows join: stack the running rows' caches and the new ones (per layer, of this
+        batch's prefix), every row right-aligned at the widest. y, logits, scores: each new row's next
+        token, the distribution it came from and its chosen_scores. A join that fails leaves the
+        batch empty."""
         try:
-            self._join(caches, new_rows, y, logits, chosen_scores(logits, y, self.header.none))
+            self._stack(caches, new_rows, y, logits, scores)
         except BaseException:
             # Joining rewrites the running rows' cache layer by layer: part-way through, none of it
             # holds; the batch is left empty (its rows are gone) rather than inconsistent.
             self.rows, self.cache, self.y, self.scores, self.logits = [], None, None, None, None
             raise
-        return done
 
-    def _join(
+    def _stack(
         self,
         caches: list[list[KVCache]],
-        new_rows: list[_Row],
+        new_rows: list[Row],
         y: mx.array,
         logits: mx.array,
         scores: mx.array,
     ) -> None:
-        """Stack the running rows' caches and the new ones, every row right-aligned at the widest."""
         parts = ([self.cache] if self.cache is not None else []) + caches
         width = max(c[0].offset for c in parts)
         remaining = max(r.budget - len(r.tokens) for r in self.rows + new_rows)
@@ -340,4 +353,4 @@ def _keep(rows: mx.array, cache: list[KVCache], y: mx.array) -> mx.array:
     return y[rows]
 
 
-__all__ = ["DecodeBatch", "Generation", "HeaderIds", "chosen_scores", "ends_in_loop"]
+__all__ = ["DecodeBatch", "Generation", "HeaderIds", "Row", "chosen_scores", "ends_in_loop"]

@@ -15,47 +15,16 @@ The algorithm is the official streaming one (``Qwen3ASRModel.streaming_transcrib
 * ``finish`` sends the samples still buffered (less than a chunk) with the official tail rule: the
   rollback keeps at least the first token (``max(1, len - unfixed_tokens)``) and has no U+FFFD loop.
 
-The official prompt is *text* (the rendered template plus the prefix) that vLLM tokenizes as a whole.
-Here the same ids are built directly: the template's control tokens and audio placeholders as
-``prompt_prefix_ids`` / ``prompt_suffix_ids`` give them, and everything after the assistant's
-``<|im_start|>`` (``assistant\\n``, the forced ``language X<asr_text>``, the prefix) encoded as one
-text, as the official tokenizer splits the rendered prompt on its added tokens. The generated ids are
-decoded with special tokens skipped, as vLLM returns them (``<asr_text>`` is not special and stays).
+The prompt ids, the rollback and the drafts are in ``rollback.py``.
 
-Bounded cost (``max_window_seconds``): re-encoding from the start makes every step cost more than the
-last, without end, so the window (audio since the last commit) is committed and restarted:
+Bounded cost (``max_window_seconds``): the window (audio since the last commit) is committed and
+restarted at pauses, or at a cut once it passes the bound, so that every step costs the same at
+minute 1 and hour 3 (``commits.py``). With ``max_window_seconds=None`` nothing is committed before
+``finish`` and the steps are the official ones.
 
-* at a pause, early: once the window holds more than half of ``max_window_seconds``, a step whose
-  previous decode ended in a pause (each 25 ms of the 200 ms around its end at least 20 dB under the
-  window's median energy) commits the audio up to that point with that decode's text. That text is
-  already the transcript of the audio before the pause, what the official algorithm gives a stream
-  that ends there, so nothing is decoded again; the window restarts at the pause with the chunk just
-  added.
-* at the bound: when the window passes ``max_window_seconds``, the latest decode that ended in a
-  pause is taken the same way. Without one, the cut is the latest pause (200 ms, as above) in the
-  window's stable part (the window less its last ``max(1, unfixed_chunks)`` chunks, searched over
-  ``COMMIT_SEARCH_SECONDS``), or else its quietest 100 ms (the low-energy rule of ``audio.cutting``),
-  and the audio before the cut is decoded once more after the rollback prefix of the last output
-  that heard nothing past the cut (a step's worth of new tokens, not the whole head again). When the
-  window's latest output begins with what that decode wrote, the rest of it is the new window's text
-  so far, and its next decode continues from it less the unstable tokens; otherwise the new window
-  starts empty, as a stream would.
-
-A new window counts the whole chunks it starts with, so its second decode continues from its first.
-The committed text is not added to the context: the prompt (and every step's cost) stays bounded, and
-a window that starts at a pause is the same task as a stream that starts there. Every step encodes at
-most ``max(max_window_seconds, COMMIT_SEARCH_SECONDS + unfixed_chunks x chunk_seconds) +
-chunk_seconds`` of audio (22 s with the defaults), the same at minute 1 and hour 3. With
-``max_window_seconds=None`` nothing is committed before ``finish`` and the steps are the official ones.
-
-Work kept between steps (the default decode; ``reuse_blocks``): the encoder attends within 8 s
-windows ("blocks") and its conv stem within 1 s chunks, so the features of complete blocks, and the
-prompt's keys and values through their audio tokens, are kept while the block's log-mel frames stay
-the same (see :class:`_Blocks`); a step encodes and prefills only the audio after them, the text
-after it and the tail of the prompt. Decoding first checks a draft, the tokens the last output had
-after the prefix (those the rollback took back), in the same pass as the prompt, and keeps them as
-far as greedy decoding would have picked them (``greedy_generate``): the tokens are the same, each
-right one saves a decoding step.
+Work kept between steps (the default decode; ``reuse_blocks``): the encoder's complete 8 s blocks,
+their prompt keys and values and a draft of the tokens the rollback took back (``window_decode.py``):
+the tokens are the same, each step costs the audio and text that are new.
 
 Speech detection (``vad``, off by default: the official algorithm decodes everything): Silero scores
 the audio as it comes (``audio.vad.SpeechStream``) and only speech reaches the model. Audio with no
@@ -65,11 +34,12 @@ and takes chunks while the speech is known to go on past them; when the region e
 once more with the official tail rule (as a stream that ends there) and is committed. Within a region
 the window is bounded as above.
 
-Each decode goes through a ``decode`` seam, ``decode(samples, suffix, budget) -> Generation``: the
-audio to encode whole, ``suffix(n_audio_tokens)`` the prompt ids after the shared prompt start
-(:func:`window_suffix_ids`), and the token budget. By default it encodes and decodes right here, on
-the caller's thread; the server gives one that submits the step to its Engine
-(``Engine.submit_step``), whose row then decodes in the batch of the file requests.
+Where a decode runs: by default here, on the caller's thread (``WindowDecoder.decode``). ``rows``
+gives another place for the prepared row (``WindowDecoder.prepare``: encoded with the kept blocks,
+prefilled with the draft): the server's ``rows`` submits it to its Engine (``Engine.submit_step``),
+whose row then decodes in the batch of the file requests. ``decode(samples, suffix, budget) ->
+Generation`` replaces the whole decode (the audio encoded whole, ``suffix(n_audio_tokens)`` the prompt
+ids after the shared prompt start, the token budget; nothing is kept between steps).
 """
 
 from __future__ import annotations
@@ -79,32 +49,32 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import mlx.core as mx
 import numpy as np
 
-from mlx_qwen3asr.audio.cutting import JOIN_GAP_SECONDS, SPEECH_PAD_SECONDS, quietest_sample
-from mlx_qwen3asr.audio.features import HOP_LENGTH, SAMPLE_RATE, log_mel_spectrogram, mel_frame_count
+from mlx_qwen3asr.audio.cutting import JOIN_GAP_SECONDS, SPEECH_PAD_SECONDS
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, mel_frame_count
 from mlx_qwen3asr.audio.vad import SpeechStream, VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
-from mlx_qwen3asr.model.encoder import encoder_batch
-from mlx_qwen3asr.model.generate import (
-    Generation,
-    HeaderIds,
-    Prefix,
-    extend_prefix,
-    greedy_generate,
-    prefill_prefix,
-    token_budget,
-)
-from mlx_qwen3asr.pipeline.encoding import encode_segments
+from mlx_qwen3asr.model.draft import DraftStart
+from mlx_qwen3asr.model.generate import Generation, HeaderIds, token_budget
+from mlx_qwen3asr.pipeline.commits import Commits, Heard, Window
+from mlx_qwen3asr.pipeline.joined import JoinedTexts
 from mlx_qwen3asr.pipeline.result import Segment
-from mlx_qwen3asr.runtime.device import tuning
+from mlx_qwen3asr.pipeline.rollback import (
+    draft_ids,
+    rollback_prefix,
+    tail_rollback_prefix,
+    window_suffix_ids,
+)
+from mlx_qwen3asr.pipeline.window_decode import WindowDecoder
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.output import join_texts, parse_output
-from mlx_qwen3asr.text.prompt import PromptIds, prompt_prefix_ids, prompt_suffix_ids
+from mlx_qwen3asr.text.prompt import PromptIds, prompt_prefix_ids
 
 __all__ = [
     "DEFAULT_MAX_WINDOW_SECONDS",
+    "Decode",
+    "RowDecode",
     "StreamUpdate",
     "StreamingTranscriber",
     "rollback_prefix",
@@ -112,98 +82,17 @@ __all__ = [
     "window_suffix_ids",
 ]
 
-# decode(samples, suffix, budget) -> Generation: one decode of a window (see the module docstring).
+# decode(samples, suffix, budget) -> Generation: a whole decode of a window (see the module docstring).
 Decode = Callable[[np.ndarray, Callable[[int], list[int]], int], Generation]
+# rows(samples, suffix, budget, prepare) -> Generation: where a prepared decode runs on; prepare()
+# encodes and prefills it (see the module docstring).
+RowDecode = Callable[[np.ndarray, Callable[[int], list[int]], int, Callable[[], DraftStart]], Generation]
 
 # Audio since the last commit before one is looked for (None: never, the official behaviour).
 DEFAULT_MAX_WINDOW_SECONDS = 20.0
 # How far before the stable part's end a cut is looked for, and the shortest audio a commit takes.
 COMMIT_SEARCH_SECONDS = 8.0
 MIN_COMMIT_SECONDS = 1.0
-# Energy window of the quiet-point search (the official low-energy rule uses 100 ms).
-QUIET_WINDOW_MS = 100.0
-# A decode whose end has the PAUSE_MS around it under PAUSE_ENERGY x the window's median energy (per
-# PAUSE_MS) ended in a pause: a commit can take its output as it is.
-PAUSE_MS = 200.0
-PAUSE_ENERGY = 0.01
-PAUSE_STEP_MS = 25.0  # every 25 ms of it: an onset or a word's tail next to silence is no pause
-# Prompt starts (keys and values through a kept encoder window) kept per window: the last ones.
-KEPT_PREFIXES = 3
-# Longest draft a decode checks before decoding (the last output's tokens after the prefix).
-MAX_DRAFT_TOKENS = 32
-
-_BROKEN = "\ufffd"
-
-
-def rollback_prefix(tokenizer, raw: str, unfixed_tokens: int) -> str:
-    """The prefix of a chunk step: `raw` re-encoded, less its last `unfixed_tokens` tokens, decoded;
-    one more token is dropped while the text holds U+FFFD (a character cut in the middle)."""
-    ids = tokenizer.encode(raw)
-    k = int(unfixed_tokens)
-    while True:
-        end = max(0, len(ids) - k)
-        prefix = tokenizer.decode(ids[:end], skip_special_tokens=False) if end > 0 else ""
-        if _BROKEN not in prefix:
-            return prefix
-        if end == 0:
-            return ""
-        k += 1
-
-
-def tail_rollback_prefix(tokenizer, raw: str, unfixed_tokens: int) -> str:
-    """The prefix of the final (tail) step, as the official ``finish_streaming_transcribe`` builds it:
-    at least the first token is kept (``max(1, len - unfixed_tokens)``) and a broken character is not
-    looked for."""
-    ids = tokenizer.encode(raw)
-    end = max(1, len(ids) - int(unfixed_tokens))
-    return tokenizer.decode(ids[:end], skip_special_tokens=False)
-
-
-def window_suffix_ids(tokenizer, n_audio_tokens: int, language: str | None, prefix: str) -> list[int]:
-    """The prompt ids after the shared prompt start (system prompt and context) of a window decode with
-    `n_audio_tokens` audio placeholders, a forced `language` (canonical name, or None) and a text
-    `prefix`: what the official tokenizer makes of that part of the rendered prompt + prefix."""
-    suffix = prompt_suffix_ids(tokenizer, n_audio_tokens, language)
-    if not prefix:
-        return suffix
-    im_start = tokenizer.token_to_id("<|im_start|>")
-    at = len(suffix) - 1 - suffix[::-1].index(im_start)
-    assistant = "assistant\n" + (f"language {language}<asr_text>" if language else "")
-    return suffix[: at + 1] + tokenizer.encode(assistant + prefix)
-
-
-_TRAILING = " \t\n.,!?;:\u3002\uff0c\uff01\uff1f\u3001\uff1b\uff1a"
-
-
-def _header(raw: str) -> str:
-    """The ``language X<asr_text>`` header that starts a raw output, or ''."""
-    at = raw.find("<asr_text>")
-    return raw[: at + len("<asr_text>")] if at >= 0 else ""
-
-
-def _carried_text(window_raw: str, prefix: str, head_written: str) -> str:
-    """What the window wrote for the audio after a commit's cut: its raw output after `prefix` less
-    the text the head's decode wrote after the same prefix, when the window's text starts with the
-    head's (punctuation and spaces at the head's end aside, as an utterance that stops there ends with
-    a full stop). '' when they disagree or nothing is left."""
-    if not window_raw.startswith(prefix):
-        return ""
-    rest = window_raw[len(prefix) :]
-    shared = len(os.path.commonprefix([rest, head_written]))
-    if head_written[shared:].strip(_TRAILING):
-        return ""
-    return rest[shared:].lstrip(_TRAILING)
-
-
-# Log-mel frames (normalized, (log10 + 4) / 4) this close count as the same frames when encoder
-# windows are kept: computed again over a longer clip a frame can round differently in its last bits,
-# and a louder sound later lifts the floor (8 log10 units under the loudest frame) under the quietest
-# bins of earlier frames. A window is encoded again when one of its bins moved by more: 0.01 is 0.4 dB.
-SAME_FRAME_TOLERANCE = 0.01
-
-
-def _same_frames(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool(np.max(np.abs(a - b), initial=0.0) <= SAME_FRAME_TOLERANCE)
 
 
 def _has_frames(audio: np.ndarray) -> bool:
@@ -246,54 +135,7 @@ class StreamUpdate:
     encoded_samples: int = 0
 
 
-@dataclass
-class _Heard:
-    """One decode of a window: the window's samples then, its chunk_id and raw output (and flags)."""
-
-    samples: int
-    chunk_id: int
-    raw: str
-    truncated: bool = False
-    repetitive: bool = False
-
-
-@dataclass
-class _Window:
-    """Audio since the last commit and the official streaming state over it."""
-
-    start: int = 0  # stream sample where the window begins
-    audio: np.ndarray = field(default_factory=lambda: np.zeros((0,), dtype=np.float32))
-    chunk_id: int = 0
-    raw: str = ""
-    language: str = ""
-    text: str = ""
-    truncated: bool = False
-    repetitive: bool = False
-    # every decode of the window: what the stream had written when it had heard that much
-    history: list[_Heard] = field(default_factory=list)
-
-
-@dataclass
-class _Blocks:
-    """Encoder output of a window's complete encoder attention windows ("blocks"), and the decoder's
-    keys and values of the prompt up to the end of each, for the next decode of audio that starts the
-    same way.
-
-    A block's features depend only on its own mel frames (the encoder's chunks and attention windows
-    end at block boundaries), so they hold for any audio whose log-mel frames there are the same. The
-    frames are compared rather than the samples: a louder sound later in the window raises the
-    clip's maximum and with it the floor 8 below it, which changes the quietest bins of earlier
-    frames; the blocks from the first one with a bin moved by more than SAME_FRAME_TOLERANCE (0.4 dB)
-    on are then encoded again, as the official step encodes everything every time. A kept block is
-    thus the official one up to float rounding and such sub-0.4 dB floor moves.
-    """
-
-    mel: np.ndarray  # the log-mel frames the blocks were computed from (n_mels, >= blocks x frames)
-    features: list[mx.array | None]  # per block, (tokens_per_block, dim) (None: dropped with its prefix)
-    prefixes: list[Prefix | None]  # prefixes[k]: the prompt through block k's audio (None: dropped)
-
-
-class StreamingTranscriber:
+class StreamingTranscriber(Commits):
     """One live stream: ``feed`` samples as they come, ``finish`` at the end.
 
     model: a loaded Qwen3-ASR model. language: forced language (any name or code that
@@ -303,10 +145,11 @@ class StreamingTranscriber:
     (the official vLLM wrapper uses a fixed 4096). max_window_seconds: see the module docstring; None
     or inf keeps the whole stream in one window (the official behaviour). tokenizer: the tokenizer of
     the rollback and the prompt (default the model's own). decode: how each window is decoded (see
-    the module docstring; default: here, directly). reuse_blocks: with the default decode, keep the
-    encoder output and the prompt's keys and values of the window's complete encoder attention windows
-    (8 s) between steps instead of computing them again (see :class:`_Blocks`: the same features, up to
-    the order of float sums); False computes every step whole, as the official step does. vad: speech
+    the module docstring; default: here, directly). rows: where a prepared decode runs on (see the
+    module docstring; default: here). reuse_blocks: keep the encoder output and the prompt's keys and
+    values of the window's complete encoder attention windows (8 s) between steps instead of computing
+    them again (``window_decode.Blocks``: the same features, up to the order of float sums); False
+    computes every step whole, as the official step does. vad: speech
     detection (True, a VadOptions, or None/False: off), see the module docstring; ``speech`` then lists
     the speech regions taken, in seconds.
 
@@ -329,6 +172,7 @@ class StreamingTranscriber:
         min_commit_seconds: float = MIN_COMMIT_SECONDS,
         tokenizer=None,
         decode: Decode | None = None,
+        rows: RowDecode | None = None,
         reuse_blocks: bool = True,
         vad: bool | VadOptions | None = None,
     ) -> None:
@@ -358,26 +202,22 @@ class StreamingTranscriber:
                     f"least {(self.margin_samples + self.min_commit_samples) / SAMPLE_RATE:g} s "
                     f"(max(1, unfixed_chunks) chunks plus min_commit_seconds)"
                 )
-        self._quiet_window = max(4, int(QUIET_WINDOW_MS / 1000.0 * SAMPLE_RATE))
-
         self._eos = PromptIds.from_tokenizer(self.tokenizer).eos
         self._header = HeaderIds.from_tokenizer(self.tokenizer)
         self._start_ids = prompt_prefix_ids(self.tokenizer, self.context)  # checks the context now
-        self._start: Prefix | None = None
-        self._decode_step: Decode = decode if decode is not None else self._decode_here
-        self._local = decode is None
-        self.reuse_blocks = bool(reuse_blocks)
-        self._blocks: _Blocks | None = None
-        self._stems: dict[int, tuple[np.ndarray, mx.array]] = {}  # first frame -> (frames, conv stem)
+        self._decode_step = decode
+        self._rows = rows
+        self.windows = WindowDecoder(model, self._start_ids, self._header, reuse_blocks)
+        self._given_encoded = 0  # samples the given decode encoded
+        self._joined = JoinedTexts()
 
         self.buffer = np.zeros((0,), dtype=np.float32)
-        self.window = _Window()
+        self.window = Window()
         self.segments: list[Segment] = []
         self.consumed = 0  # stream samples taken into windows
         self.finished = False
         self.steps = 0  # decodes of the live window
         self.step_encoded_samples: list[int] = []  # samples encoded by each feed/finish step
-        self.encoded_samples = 0  # all samples passed to the encoder
         self.last_prompt_ids: list[int] = []  # ids of the last window decode's whole prompt
         self._last_update: StreamUpdate | None = None
         # Speech detection (vad): only speech reaches the model, and a window is committed where its
@@ -391,17 +231,24 @@ class StreamingTranscriber:
 
     @property
     def text(self) -> str:
-        """The live window's parsed text (in parity mode: the official ``state.text``)."""
+        """The live window's parsed text (with max_window_seconds=None, the official streaming
+        behaviour: the official ``state.text``)."""
         return self.window.text
 
     @property
     def window_language(self) -> str:
-        """The live window's parsed language (in parity mode: the official ``state.language``)."""
+        """The live window's parsed language (with max_window_seconds=None, the official streaming
+        behaviour: the official ``state.language``)."""
         return self.window.language
 
     @property
     def chunk_id(self) -> int:
         return self.window.chunk_id
+
+    @property
+    def encoded_samples(self) -> int:
+        """All samples passed to the encoder."""
+        return self._given_encoded + self.windows.encoded_samples
 
     # --- steps -----------------------------------------------------------------------------------
 
@@ -515,7 +362,7 @@ class StreamingTranscriber:
             n = min(max(0, reach - self.consumed), self.buffer.shape[0])
             tail, self.buffer = self.buffer[:n], self.buffer[n:]
             committed = self._close_window(tail)
-            self.window = _Window(start=self.consumed)
+            self.window = Window(start=self.consumed)
             update = self._update(committed, final=False, encoded=self.encoded_samples - encoded_before)
             self.step_encoded_samples.append(update.encoded_samples)
             self._last_update = update
@@ -567,160 +414,14 @@ class StreamingTranscriber:
     def _decode_window(self, prefix: str) -> None:
         """One official decode of the whole window after `prefix`; updates the window's state."""
         w = self.window
-        gen, prompt = self._decode(w.audio, prefix, self._draft(w.raw, prefix))
+        gen, prompt = self._decode(w.audio, prefix, draft_ids(self.tokenizer, w.raw, prefix))
         self.last_prompt_ids = prompt
         w.raw = prefix + self.tokenizer.decode(gen.tokens)
         w.language, w.text = parse_output(w.raw, self.language)
         w.truncated, w.repetitive = gen.truncated, gen.repetitive
-        w.history.append(_Heard(w.audio.shape[0], w.chunk_id, w.raw, w.truncated, w.repetitive))
+        w.history.append(Heard(w.audio.shape[0], w.chunk_id, w.raw, w.truncated, w.repetitive))
         w.chunk_id += 1
         self.steps += 1
-
-    def _commit(self, heard: _Heard | None = None) -> list[Segment]:
-        """Commit the window's audio up to a cut as a final segment and restart the window there.
-
-        The cut is the latest point where an earlier decode of the window ended (a chunk boundary)
-        that lies in a pause: that decode's output is already the transcript of the audio before it
-        (what the official algorithm gives a stream that ends there), so nothing is decoded again.
-        Without such a point, the cut is the latest pause in the window's stable part, else its
-        quietest 100 ms, and the audio before it is decoded once more (``_head_prefix``)."""
-        w = self.window
-        heard = heard or self._pause(w)
-        if heard is not None:
-            cut = heard.samples
-            head = _Window(start=w.start, audio=w.audio[:cut], raw=heard.raw)
-            head.truncated, head.repetitive = heard.truncated, heard.repetitive
-            prefix, written = "", heard.raw
-        else:
-            right = w.audio.shape[0] - self.margin_samples
-            left = max(self.min_commit_samples, right - self.search_samples)
-            # The latest pause in the search range leaves the new window the least audio to write
-            # again; without one, the quietest 100 ms.
-            cut = self._latest_pause(w.audio, left, right)
-            if cut is None:
-                cut = self._quietest(w.audio, left, right)
-            # A cut after the window's first decode (which came after `left` when the window started
-            # with carried audio) keeps the head's decode short (_head_prefix): taken when it is
-            # about as quiet.
-            first = [h.samples for h in w.history if h.chunk_id + 1 >= self.unfixed_chunks]
-            if first and left < first[0] and cut < first[0]:
-                later = self._quietest(w.audio, first[0], right)
-                if self._loudness(w.audio, later) <= 2.0 * self._loudness(w.audio, cut):
-                    cut = later
-            cut = min(max(cut, 1), w.audio.shape[0] - 1)
-            head = _Window(start=w.start, audio=w.audio[:cut])
-            prefix = self._head_prefix(w, cut)
-            gen, _ = self._decode(head.audio, prefix, self._draft(w.raw, prefix))
-            written = self.tokenizer.decode(gen.tokens)
-            head.raw = prefix + written
-            head.truncated, head.repetitive = gen.truncated, gen.repetitive
-        head.language, head.text = parse_output(head.raw, self.language)
-        segment = self._segment(head.start, head.start + cut, head)
-        self.segments.append(segment)
-        rest = w.audio[cut:]
-        # The new window already holds whole chunks of audio: it counts them, so its first decode
-        # continues from the text the old window wrote after the head's (when there is one).
-        new = _Window(start=w.start + cut, audio=rest, chunk_id=rest.shape[0] // self.chunk_samples)
-        seed = _carried_text(w.raw, prefix, written)
-        if seed:
-            new.raw = _header(w.raw) + seed
-            new.language, new.text = parse_output(new.raw, self.language)
-            # The old window's last decode had not heard the chunk just added.
-            before = rest.shape[0] - self.chunk_samples
-            if before > 0:
-                new.history.append(_Heard(before, new.chunk_id - 1, new.raw))
-        self.window = new
-        return [segment]
-
-    def _quietest(self, audio: np.ndarray, left: int, right: int) -> int:
-        """The quietest sample of the quietest QUIET_WINDOW_MS in [left, right) (right when too short)."""
-        if right - left <= self._quiet_window:
-            return right
-        return left + quietest_sample(audio[left:right], self._quiet_window)
-
-    def _loudness(self, audio: np.ndarray, at: int) -> float:
-        """Mean magnitude of the QUIET_WINDOW_MS centred on sample `at`."""
-        half = self._quiet_window // 2
-        around = audio[max(0, at - half) : at + half]
-        return float(np.abs(around, dtype=np.float64).mean()) if around.size else 0.0
-
-    def _pause_floor(self, audio: np.ndarray) -> tuple[np.ndarray, float | None]:
-        """Per-sample power and the pause floor: PAUSE_ENERGY x the median energy of the audio's
-        PAUSE_MS stretches (None when it is shorter than one)."""
-        width = 2 * int(PAUSE_MS / 2000.0 * SAMPLE_RATE)
-        power = audio.astype(np.float64) ** 2
-        frames = power[: power.shape[0] // width * width].reshape(-1, width).mean(axis=1)
-        return power, (PAUSE_ENERGY * float(np.median(frames)) if frames.size else None)
-
-    def _latest_pause(self, audio: np.ndarray, left: int, right: int) -> int | None:
-        """The middle of the latest PAUSE_MS in [left, right) whose every PAUSE_STEP_MS is under the
-        pause floor, or None."""
-        power, floor = self._pause_floor(audio)
-        step = max(1, int(PAUSE_STEP_MS / 1000.0 * SAMPLE_RATE))
-        need = max(1, int(round(PAUSE_MS / PAUSE_STEP_MS)))
-        n = (right - left) // step
-        if floor is None or n < need:
-            return None
-        quiet = power[left : left + n * step].reshape(n, step).mean(axis=1) <= floor
-        run = np.convolve(quiet.astype(np.int32), np.ones(need, dtype=np.int32), mode="valid")
-        full = np.flatnonzero(run == need)
-        if full.size == 0:
-            return None
-        return left + int(full[-1]) * step + need * step // 2
-
-    def _pause(self, w: _Window, latest: bool = False) -> _Heard | None:
-        """The latest decode of the window (at least min_commit_seconds in, before the chunk just
-        added) whose end lies in a pause: every PAUSE_STEP_MS of the PAUSE_MS around it holds under
-        PAUSE_ENERGY x the median energy of the window's PAUSE_MS stretches. None when there is none.
-        latest: only the last decode (the one before the chunk just added) is looked at."""
-        half = int(PAUSE_MS / 2000.0 * SAMPLE_RATE)
-        last = w.audio.shape[0] - self.chunk_samples
-        points = [h for h in w.history if self.min_commit_samples <= h.samples <= last and h.samples >= half]
-        if latest:
-            points = [h for h in points[-1:] if h.samples == last]
-        if not points:
-            return None
-        power, floor = self._pause_floor(w.audio)
-        if floor is None:
-            return None
-        step = max(1, int(PAUSE_STEP_MS / 1000.0 * SAMPLE_RATE))
-        for h in reversed(points):
-            around = power[h.samples - half : h.samples + half]
-            around = around[: around.size // step * step].reshape(-1, step)
-            if around.size and float(around.mean(axis=1).max()) <= floor:
-                return h
-        return None
-
-    def _head_prefix(self, w: _Window, cut: int) -> str:
-        """The prefix of a commit's head decode: the rollback of the last output the window wrote
-        having heard no audio past the cut (the prefix its next step took), kept only as far as the
-        window's latest output still agrees with it. The head decode thus writes what that step's
-        successor would have, had the stream ended at the cut: a chunk or so of tokens rather than
-        the whole head again."""
-        raw = ""
-        for h in w.history:
-            if h.samples > cut:
-                break
-            if h.chunk_id + 1 >= self.unfixed_chunks:
-                raw = h.raw
-        if not raw:
-            return ""
-        ids = self.tokenizer.encode(rollback_prefix(self.tokenizer, raw, self.unfixed_tokens))
-        now = self.tokenizer.encode(w.raw)
-        same = len(os.path.commonprefix([ids, now]))
-        return rollback_prefix(
-            self.tokenizer, self.tokenizer.decode(ids[:same], skip_special_tokens=False), 0
-        )
-
-    def _segment(self, start: int, end: int, w: _Window) -> Segment:
-        return Segment(
-            start=start / SAMPLE_RATE,
-            end=end / SAMPLE_RATE,
-            text=w.text,
-            language=w.language,
-            truncated=w.truncated,
-            repetitive=w.repetitive,
-        )
 
     # --- model ------------------------------------------------------------------------------------
 
@@ -733,21 +434,9 @@ class StreamingTranscriber:
         """The prompt after its shared start (system prompt and context)."""
         return window_suffix_ids(self.tokenizer, n_audio_tokens, self.language, prefix)
 
-    def _draft(self, raw: str, prefix: str) -> list[int]:
-        """What the decode after `prefix` will likely write: the tokens of the last output `raw` after
-        the prefix (the ones the rollback took back), at most MAX_DRAFT_TOKENS; [] when `raw` does not
-        start with the prefix's tokens."""
-        if not raw:
-            return []
-        ids = self.tokenizer.encode(raw)
-        head = self.tokenizer.encode(prefix) if prefix else []
-        if ids[: len(head)] != head:
-            return []
-        return ids[len(head) : len(head) + MAX_DRAFT_TOKENS]
-
     def _decode(self, audio: np.ndarray, prefix: str, draft: list[int] = ()) -> tuple[Generation, list[int]]:
-        """Encode `audio`, build the prompt with `prefix`, decode greedily (through the decode seam;
-        the local decode checks `draft` first, see ``greedy_generate``): (generation, prompt ids)."""
+        """Encode `audio`, build the prompt with `prefix`, decode greedily, checking `draft` first
+        (through the seams, see the module docstring): (generation, prompt ids)."""
         built: list[list[int]] = []
 
         def suffix(n_audio_tokens: int) -> list[int]:
@@ -757,134 +446,26 @@ class StreamingTranscriber:
         budget = self.max_new_tokens
         if budget is None:
             budget = token_budget(audio.shape[0] / SAMPLE_RATE)
-        if self._local:  # it counts what it encodes itself
-            gen = self._decode_here(audio, suffix, budget, draft)
-        else:
+        eos = self._eos
+        if self._decode_step is not None:
             gen = self._decode_step(audio, suffix, budget)
-            self.encoded_samples += int(audio.shape[0])
+            self._given_encoded += int(audio.shape[0])
+        elif self._rows is not None:
+
+            def prepare() -> DraftStart:
+                return self.windows.prepare(audio, suffix, budget, draft, eos)[0]
+
+            gen = self._rows(audio, suffix, budget, prepare)
+        else:
+            gen = self.windows.decode(audio, suffix, budget, draft, eos)
         return gen, self._start_ids + (built[-1] if built else [])
 
-    def _decode_here(
-        self, audio: np.ndarray, suffix: Callable[[int], list[int]], budget: int, draft: list[int] = ()
-    ) -> Generation:
-        """The default decode: encode the window and decode its prompt greedily, on this thread.
-
-        With reuse_blocks, the complete blocks (encoder attention windows) that the last call computed
-        for audio that starts the same way are taken as they are (_Blocks): only the audio after them
-        is encoded, and the prompt is decoded after the keys and values of the prompt through them.
-        """
-        net = self.model.net
-        if self._start is None:
-            self._start = prefill_prefix(net, self._start_ids)
-        mel = log_mel_spectrogram(audio)
-        cfg = self.model.config.audio_config
-        block = cfg.chunk_frames * cfg.chunks_per_window
-        # A block is complete when a frame follows it: its last frame's samples are all there.
-        complete = max(0, (mel.shape[1] - 1) // block) if self.reuse_blocks else 0
-        known = self._blocks_for(mel, complete, block)
-        start_frame = len(known.features) * block if known is not None else 0
-        self.encoded_samples += max(0, audio.shape[0] - start_frame * HOP_LENGTH)
-        new = (
-            self._encode_tail(mel, start_frame)
-            if self.reuse_blocks
-            else encode_segments(self.model, [mel])[0]
-        )
-        tokens_per_block = cfg.tokens_per_chunk * cfg.chunks_per_window
-        have = [] if known is None else known.features
-        n_audio = len(have) * tokens_per_block + int(new.shape[0])
-        rest = suffix(n_audio)
-        audio_id = net.config.audio_token_id
-        head = rest.index(audio_id) if n_audio else len(rest)
-        if complete:
-            blocks = known or _Blocks(mel, [], [])
-            blocks.mel = mel
-            prefix = blocks.prefixes[-1] if blocks.prefixes else None
-            for k in range(len(blocks.features), complete):
-                features = new[(k - len(have)) * tokens_per_block : (k - len(have) + 1) * tokens_per_block]
-                ids = [audio_id] * tokens_per_block
-                if prefix is None:
-                    prefix, ids = self._start, rest[:head] + ids
-                blocks.features.append(features)
-                blocks.prefixes.append(extend_prefix(net, prefix, ids, features))
-                prefix = blocks.prefixes[-1]
-            # Only the last KEPT_PREFIXES prompt starts are kept (a commit's head needs one a block or
-            # two shorter): each holds the keys and values of everything before it.
-            for k in range(len(blocks.prefixes) - KEPT_PREFIXES):
-                blocks.prefixes[k] = blocks.features[k] = None
-            self._blocks = blocks
-            taken = complete * tokens_per_block
-            tail = new[taken - len(have) * tokens_per_block :]
-            return greedy_generate(
-                net,
-                rest[head + taken :],
-                tail,
-                budget,
-                self._eos,
-                prefix=prefix,
-                draft=draft,
-                header=self._header,
-            )
-        return greedy_generate(
-            net, rest, new, budget, self._eos, prefix=self._start, draft=draft, header=self._header
-        )
-
-    def _encode_tail(self, mel: np.ndarray, start_frame: int) -> mx.array:
-        """Encoder features of the frames from `start_frame` (a block boundary) on. The conv stem works
-        on each 100-frame chunk alone: the stems of complete chunks (a frame follows them) whose frames
-        are those of the last call are taken from it."""
-        cfg = self.model.config.audio_config
-        tower = self.model.net.audio_tower
-        tail = mel[:, start_frame:]
-        batch = encoder_batch([tail], cfg, self.model.dtype)
-        cf = cfg.chunk_frames
-        old = self._stems
-        stems, fresh = [], []
-        for i in range(batch.chunks.shape[0]):
-            first = start_frame + i * cf
-            frames = mel[:, first : first + cf]
-            hit = old.get(first)
-            if hit is not None and frames.shape[1] == cf and _same_frames(hit[0], frames):
-                stems.append(hit[1])
-            else:
-                stems.append(None)
-                fresh.append(i)
-        if fresh:
-            step = tuning().stem_chunks
-            for k in range(0, len(fresh), step):
-                idx = fresh[k : k + step]
-                out = tower.embed_chunks(batch.chunks[mx.array(idx, dtype=mx.int32)])
-                mx.eval(out)
-                for j, i in enumerate(idx):
-                    stems[i] = out[j : j + 1]
-        keep = {}
-        for i, stem in enumerate(stems):
-            first = start_frame + i * cf
-            if first + cf < mel.shape[1]:  # complete: a frame follows
-                keep[first] = (mel[:, first : first + cf].copy(), stem)
-        self._stems = keep
-        features = tower.encode_embedded(mx.concatenate(stems, axis=0), batch)
-        mx.eval(features)
-        return features
-
-    def _blocks_for(self, mel: np.ndarray, complete: int, block: int) -> _Blocks | None:
-        """The cached blocks that hold for these frames (at most `complete`, up to the first whose
-        frames changed), or None."""
-        known = self._blocks
-        if known is None or not complete:
-            return None
-        k = 0
-        while k < min(len(known.features), complete):
-            frames = slice(k * block, (k + 1) * block)
-            if not _same_frames(known.mel[:, frames], mel[:, frames]):
-                break
-            k += 1
-        while k > 0 and known.prefixes[k - 1] is None:
-            k -= 1
-        if k == 0:
-            return None
-        return _Blocks(known.mel, known.features[:k], known.prefixes[:k])
-
     # --- updates ----------------------------------------------------------------------------------
+
+    def committed_text(self, language: str | None = None, count: int | None = None) -> str:
+        """The texts of the first `count` committed segments (all when None) joined as join_texts joins
+        them for `language` (default: the stream's), kept as they grow rather than joined again."""
+        return self._joined.text(self.segments, language or self.language, count)
 
     def _update(self, committed: list[Segment], *, final: bool, encoded: int) -> StreamUpdate:
         w = self.window
@@ -901,8 +482,8 @@ class StreamingTranscriber:
         if not language and not w.text:
             language = next((s.language for s in reversed(self.segments) if s.language), "")
         # Segments committed at finish carry the window itself: join only the earlier ones.
-        earlier = self.segments[: len(self.segments) - (len(committed) if final else 0)]
-        text = join_texts([*(s.text for s in earlier), w.text], language or self.language)
+        earlier = len(self.segments) - (len(committed) if final else 0)
+        text = join_texts([self.committed_text(language, earlier), w.text], language or self.language)
         stable = text[: len(text) - len(unstable)]
         return StreamUpdate(
             language=language,
