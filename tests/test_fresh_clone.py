@@ -72,10 +72,25 @@ def test_a_lone_clone_makes_checkpoints_from_its_own_files(lone_clone, tmp_path)
 
 
 def test_a_lone_clone_runs_its_tests(lone_clone):
+    """Tests that read what only the repository may hold: the vocabulary, and checkpoints built from the
+    published metadata in both layouts (compared with that metadata)."""
     done = _run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_tokenizer.py", "-x"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_tokenizer.py",
+            "tests/test_layouts.py",
+            "-k",
+            "known_ids or metadata_is_the_published",
+        ],
         lone_clone,
     )
     tail = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0, tail
-    assert " passed" in done.stdout and "error" not in done.stdout.splitlines()[-1], tail
+    last = done.stdout.splitlines()[-1]
+    assert " passed" in last and int(last.split()[0]) >= 17 and "error" not in last, tail
+    assert (lone_clone / ".test-cache" / "checkpoints").is_dir()  # built there, from the clone's files
