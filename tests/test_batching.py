@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -174,10 +176,16 @@ def inputs_for_test():
     ]
 
 
+def short_budgets() -> Parts:
+    """Budgets that still differ by segment length (rows finish apart) but keep the decoding short:
+    random weights decode every row to its budget."""
+    return Parts(budget=lambda seconds: 8 + math.ceil(seconds))
+
+
 def test_batch_size_does_not_change_any_text(model, monkeypatch):
     monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)  # same work whatever stops a row
-    one = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=1, vad=False)
-    many = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=6, vad=False)
+    one = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=1, vad=False, parts=short_budgets())
+    many = mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=6, vad=False, parts=short_budgets())
     assert [r.text for r in one] == [r.text for r in many]
     assert [[(s.start, s.end, s.text) for s in r.segments] for r in one] == [
         [(s.start, s.end, s.text) for s in r.segments] for r in many
@@ -188,7 +196,8 @@ def test_segments_of_several_inputs_share_batches(model):
     from scripted import spy_batches
 
     record = spy_batches()
-    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4, vad=False, parts=record.parts())
+    parts = record.parts(budget=short_budgets().budget)
+    mlx_qwen3asr.transcribe(model, inputs_for_test(), batch_size=4, vad=False, parts=parts)
     # 3 + 1 + 1 + 1 segments: 4 rows at once, the other 2 joining as rows finish.
     assert max(record.sizes) == 4 and record.adds[0]["running"] == 0
     assert sum(len(a["prompts"]) for a in record.adds) == 6
@@ -208,6 +217,7 @@ def test_stream_reports_bad_inputs_and_keeps_going(model, tmp_path):
             batch_size=3,
             on_segment=lambda i, seg: seen.setdefault(i, []).append(seg),
             vad=False,
+            parts=short_budgets(),
         )
     )
     by_index = {r.index: r for r in results}
@@ -249,7 +259,7 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
 
     def run(memory: int, max_batch: int | None = None):
         record = spy_batches()
-        parts = record.parts(memory=lambda: memory)
+        parts = record.parts(memory=lambda: memory, budget=short_budgets().budget)
         results = run_all(model, inputs_for_test(), max_batch=max_batch, parts=parts)
         assert all(r.error is None for r in results)
         return record
