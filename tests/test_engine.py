@@ -13,6 +13,7 @@ import mlx_qwen3asr
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.generate import DecodeBatch
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
+from mlx_qwen3asr.pipeline.parts import Parts
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +158,56 @@ def test_a_step_joins_the_batch_of_file_segments_and_decodes_as_alone(model, mon
         model, test_signal(3.0, seed=4), vad=False, parts=replace(parts, batch=DecodeBatch)
     )
     assert texts(result) == texts(solo)
+
+
+def test_a_prepared_live_step_keeps_its_stream_s_work_and_decodes_beside_a_file(model, monkeypatch):
+    """A live stream whose decodes are prepared steps of the engine (as the realtime socket's): its
+    updates and the samples it encodes at each step are those of the stream decoding alone (its encoder
+    blocks kept, its drafts checked), and its rows decode in the same steps as a file's rows."""
+    from mlx_qwen3asr.model.draft import DraftStart
+    from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
+
+    monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
+    live_keys, steps, drafted = set(), [], []
+    join = DraftStart.join
+
+    def joining(self, batch, key):
+        if isinstance(batch, Rows):
+            live_keys.add(key)
+        return join(self, batch, key)
+
+    class Rows(DecodeBatch):
+        def step(self):
+            steps.append(list(self.keys))
+            return super().step()
+
+    monkeypatch.setattr(DraftStart, "join", joining)
+    engine = Engine(model, batch_size=4, vad=False, parts=replace(Parts(), batch=Rows, budget=lambda s: 300))
+    audio = test_signal(20.0, seed=6)
+
+    def rows(samples, suffix, budget, prepare):
+        gen = engine.submit_step(samples, suffix, budget, prepare=prepare).result(timeout=120)
+        drafted.append(gen.drafted)
+        return gen
+
+    def run(stream):
+        updates = []
+        for pos in range(0, audio.shape[0], 32000):
+            updates += stream.feed(audio[pos : pos + 32000])
+        updates.append(stream.finish())
+        return [(u.text, u.stable, len(u.committed)) for u in updates]
+
+    settings = dict(language="English", max_new_tokens=8, max_window_seconds=None)
+    try:
+        file_job = engine.submit(test_signal(30.0, seed=4), seconds=30.0)
+        served = StreamingTranscriber(model, rows=rows, **settings)
+        got = run(served)
+        file_job.result(timeout=300)
+    finally:
+        engine.close()
+    alone = StreamingTranscriber(model, **settings)
+    assert got == run(alone)
+    assert served.step_encoded_samples == alone.step_encoded_samples
+    assert sum(served.step_encoded_samples) < 20 * 16000 * 10 / 2  # far less than every window whole
+    assert sum(drafted) > 0 and len(live_keys) == len(drafted) == served.steps
+    assert any(set(keys) & live_keys and set(keys) - live_keys for keys in steps)  # side by side

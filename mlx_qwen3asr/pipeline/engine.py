@@ -8,7 +8,9 @@ that went away), which frees its rows and waiting segments.
 
 `submit_step` queues one decode of given audio with its own prompt after the shared start (a live
 stream's step): its row joins the running batch of its context like a segment, and its Job's result
-is the row's Generation.
+is the row's Generation. A step given `prepare` is encoded and prefilled by it, on the engine's thread
+(a live stream's kept encoder blocks and draft, pipeline/window_decode.py), and joins the batch as
+it is (pipeline/steps.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.vad import VadOptions, vad_options
 from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.model.draft import DraftStart
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS, AudioInput, InputOptions
 from mlx_qwen3asr.pipeline.memory import wired_limit
@@ -164,14 +167,17 @@ class Engine:
         budget: int,
         *,
         context: str = "",
+        prepare: Callable[[], DraftStart] | None = None,
     ) -> Job:
         """Queue one decode of `samples` (16 kHz mono, encoded whole): the prompt start of `context`, then
         suffix(n_audio_tokens), decoding at most `budget` tokens; no speech detection, no cutting. Its row
         joins the running batch when the batch's context is the same (else it waits for its turn like
-        any other context). The Job's result is the row's Generation. Raises ValueError for an
-        over-long context, RuntimeError when the engine is closed."""
+        any other context). The Job's result is the row's Generation. prepare: encodes and prefills the
+        row itself, on the engine's thread, instead (its prompt must begin with the prompt start of
+        `context`; samples and suffix then only size the row). Raises ValueError for an over-long
+        context, RuntimeError when the engine is closed."""
         prompt_prefix_ids(self.model.tokenizer, context)
-        step = Step(np.asarray(samples, dtype=np.float32).reshape(-1), suffix, int(budget))
+        step = Step(np.asarray(samples, dtype=np.float32).reshape(-1), suffix, int(budget), prepare)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the engine is closed")

@@ -8,18 +8,15 @@ segments is sorted by length before each batch so that rows of a batch need litt
 The stages it calls (decoding, the encoder, the decoding batch, the aligner...) come in `Parts`
 (parts.py). Reading ahead is in readahead.py, batch sizing in memory.py, the shared prompt starts in
 prefixes.py, the segments and results made of decoded rows in assembly.py, what is kept for each input
-and segment in tasks.py; transcribe_stream (transcribe.py) runs many inputs through a Scheduler.
+and segment in tasks.py, live streams' steps in steps.py; transcribe_stream (transcribe.py) runs many
+inputs through a Scheduler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-import numpy as np
-
-from mlx_qwen3asr.audio.cutting import Span
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
-from mlx_qwen3asr.audio.signal import ArraySignal
 from mlx_qwen3asr.checkpoints.loading import ASRModel, require_kind
 from mlx_qwen3asr.model.generate import DecodeBatch, Generation, HeaderIds
 from mlx_qwen3asr.pipeline.alignment import why_not_aligned
@@ -29,7 +26,6 @@ from mlx_qwen3asr.pipeline.inputs import (
     HELD_SECONDS,
     AudioInput,
     InputOptions,
-    PreparedInput,
     samples_in_memory,
 )
 from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position, rows_that_fit
@@ -37,6 +33,7 @@ from mlx_qwen3asr.pipeline.parts import Parts
 from mlx_qwen3asr.pipeline.prefixes import PromptStarts
 from mlx_qwen3asr.pipeline.readahead import ReadAhead
 from mlx_qwen3asr.pipeline.result import InputResult, Segment
+from mlx_qwen3asr.pipeline.steps import LiveSteps
 from mlx_qwen3asr.pipeline.tasks import (
     Pending,
     Step,
@@ -53,7 +50,7 @@ from mlx_qwen3asr.text.prompt import PromptIds, prompt_suffix_ids
 ALIGN_GROUP = 8
 
 
-class Scheduler:
+class Scheduler(LiveSteps):
     """Segments of many inputs decoded together, continuously: rows that finish are replaced at once.
 
     Inputs are decoded from their files and cut at quiet points on a background thread; their
@@ -130,19 +127,6 @@ class Scheduler:
         if options.align and self.aligner is None:
             raise ValueError("word timing needs a scheduler built with an aligner")
         self.inputs.add(key, audio, options)
-
-    def submit_step(self, key: Hashable, step: Step, context: str = "") -> None:
-        """Queue one decode (a live stream's step): its row joins a batch of its context like any segment
-        and its StepResult comes out of run_once under this key."""
-        self.starts.ids(context)  # an over-long context is refused before any work
-        samples = np.asarray(step.samples, dtype=np.float32).reshape(-1)
-        step = Step(samples, step.suffix, int(step.budget))
-        span = Span(0, samples.shape[0])
-        prepared = PreparedInput(0, None, ArraySignal(samples), [span])
-        entry = Pending(key, prepared, InputOptions(context=context), [None], step=step)
-        self.pending[key] = entry
-        self.pool.append(Task(entry, 0, self.admitted))
-        self.admitted += 1
 
     def cancel(self, key: Hashable) -> None:
         """Forget an input: its waiting segments leave the pool and its rows the batch; no result."""
@@ -303,7 +287,10 @@ class Scheduler:
         self.pool = [t for t in self.pool if id(t) not in chosen_ids]
         # Steps are encoded and prefilled apart from the segments of inputs: a fault in either group
         # leaves the other.
-        for group in ([t for t in chosen if t.step is not None], [t for t in chosen if t.step is None]):
+        for task in [t for t in chosen if t.step is not None and t.step.prepare is not None]:
+            self._join_prepared(task)
+        steps = [t for t in chosen if t.step is not None and t.step.prepare is None]
+        for group in (steps, [t for t in chosen if t.step is None]):
             if group:
                 self._join(group)
 
@@ -396,7 +383,7 @@ class Scheduler:
     def _finished(self, task: Task, gen: Generation) -> None:
         """A row is done: its segment's text; with word timing asked for, it waits for the aligner."""
         if task.step is not None:
-            task.mel, task.pending.generation = None, gen
+            task.mel, task.pending.generation = None, self._step_generation(task, gen)
             return
         options = task.pending.options
         seg = decoded_segment(self.model.tokenizer, gen, task.span, options.language)

@@ -12,6 +12,7 @@ import numpy as np
 
 from mlx_qwen3asr.audio.cutting import Span
 from mlx_qwen3asr.audio.features import SAMPLE_RATE, mel_frame_count
+from mlx_qwen3asr.model.draft import DraftStart
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.inputs import InputOptions, PreparedInput, segment_frames
 from mlx_qwen3asr.pipeline.result import Segment
@@ -34,6 +35,9 @@ class Step:
     samples: np.ndarray  # 16 kHz mono float32, encoded whole (no padding)
     suffix: Callable[[int], list[int]]
     budget: int
+    # Set: the step is encoded and prefilled by prepare() (on the scheduler's thread) rather than with
+    # the segments, and its row joins the batch as it is (pipeline/steps.py).
+    prepare: Callable[[], DraftStart] | None = None
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Task:
     share: float = 0.0  # input seconds the segment counts for in the progress
     expected: int = 1  # tokens the segment is expected to decode (progress while it decodes)
     partial: float = 0.0  # input seconds counted for it while it decodes or waits for the aligner
+    started: DraftStart | None = None  # a prepared step's row, once prepared
 
     @property
     def span(self) -> Span:
