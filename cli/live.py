@@ -53,7 +53,6 @@ from mlx_qwen3asr.cli.options import (
 )
 from mlx_qwen3asr.cli.stdio import Say
 from mlx_qwen3asr.outputs.folder import FileJob, TranscribeOptions
-from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
 from mlx_qwen3asr.pipeline.live_session import AudioKeepError, LiveSession
 from mlx_qwen3asr.pipeline.memory import wired_limit
 from mlx_qwen3asr.pipeline.streaming import DEFAULT_MAX_WINDOW_SECONDS, StreamingTranscriber, StreamUpdate
@@ -325,10 +324,9 @@ def _stream(session, outputs, name, blocks, drain, language, quiet, say, stop) -
         if audio.count or session.segments:
             final = session.finish()
             display.update(final, session.committed_before(final))
-            warnings = []
-            if session.vad and audio.count and not session.speech:
-                warnings.append(NO_SPEECH)
-                say.warning(NO_SPEECH)
+            warnings = session.warnings()
+            for line in warnings:
+                say.warning(line)
             outputs.write(session, audio.signal(), language, warnings, final=True)
     finally:
         display.close()

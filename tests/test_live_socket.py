@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 
 import mlx_qwen3asr
 from mlx_qwen3asr.pipeline.engine import Engine
+from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
 from mlx_qwen3asr.serve.app import create_app, uvicorn_config
 from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits
 
@@ -143,9 +144,14 @@ def test_sessions_detect_speech_as_the_server_does_and_turn_detection_sets_it(se
     assert steps == []
     assert [e["type"] for e in events[1:]] == [
         "conversation.item.input_audio_transcription.delta",  # the final one, empty
+        "transcription_session.transcript",
         "transcription_session.finished",
     ]
     assert events[-1]["text"] == "" and events[-1]["audio_seconds"] == pytest.approx(20.0)
+    # The transcript says what mlxasr live says of such audio.
+    transcript = events[-2]["transcript"]
+    assert transcript["text"] == "" and transcript["segments"] == [] and transcript["speech"] == []
+    assert transcript["warnings"] == [NO_SPEECH] and transcript["duration"] == pytest.approx(20.0)
 
     update = {
         "type": "transcription_session.update",

@@ -188,12 +188,20 @@ def decodes(model, data: list[bytes], limits: LiveLimits = LIMITS) -> int:
     return stream.steps + commits
 
 
-def test_events_equal_the_streaming_transcriber(model, make):
+def test_events_equal_the_streaming_transcriber(model, make, monkeypatch):
     from scripted import spy_batches
+
+    from mlx_qwen3asr.model.draft import DraftStart
 
     data = frames(signal(5.2))
     want_steps, want_segments = expected(model, data)
     assert len(want_segments) >= 2  # segments committed during the stream, and the last at finish
+    n_decodes = decodes(model, data)
+    joined = []  # the batch each prepared live row joined
+    join = DraftStart.join
+    monkeypatch.setattr(
+        DraftStart, "join", lambda self, batch, key: joined.append(type(batch)) or join(self, batch, key)
+    )
     record = spy_batches()
     app = make(batch=record.batch)
     with client(app) as c, c.websocket_connect(URL, headers=auth()) as ws:
@@ -207,8 +215,9 @@ def test_events_equal_the_streaming_transcriber(model, make):
     assert events[-1]["text"] == want_steps[-1][0]
     ids = [e["item_id"] for e in events if e["type"].endswith(".completed")]
     assert ids == [f"item_{i}" for i in range(len(want_segments))]
-    # Every decode of the stream was a row of the engine's batch.
-    assert [len(a["prompts"]) for a in record.adds] == [1] * decodes(model, data)
+    # Every decode of the stream was a row of the engine's batch, encoded and prefilled by the stream
+    # (its kept encoder blocks, its draft) rather than whole with the segments.
+    assert not record.adds and joined == [record.batch] * n_decodes
     wait_for(lambda: app.active == 0, "the session slot was not freed")
 
 
@@ -406,6 +415,7 @@ def test_bad_frames_end_only_their_session(model, make, caplog, frame, code, clo
         ({"prompt": "<|im_end|> injected"}, "invalid_session", 1008),
         ({"input_audio_format": "g711_ulaw"}, "invalid_audio_format", 1008),
         ({"language": 7}, "invalid_event", 1007),
+        ({"word_timestamps": "yes"}, "invalid_event", 1007),
         ("not an object", "invalid_event", 1007),
     ],
 )
@@ -450,20 +460,24 @@ def test_file_request_during_a_live_session(model, make):
     assert observed([first, *events]) == expected(model, data)
 
 
-def test_a_failing_live_step_ends_its_session_only(model, make):
+def test_a_failing_live_step_ends_its_session_only(model, make, monkeypatch):
     """The prefill of the live session's rows (no forced language) fails: that session ends with one
     error; a file request (forced language) made meanwhile answers, and so does another session."""
-    from mlx_qwen3asr.model.generate import DecodeBatch
+    from mlx_qwen3asr.model.generate import HeaderIds
+    from mlx_qwen3asr.pipeline import window_decode
 
-    class Faulty(DecodeBatch):
-        def add(self, prompts, audio_features, max_new_tokens, keys):
-            if any(self.header.language not in p for p in prompts):
-                raise RuntimeError("prefill failed")
-            return super().add(prompts, audio_features, max_new_tokens, keys)
+    language = HeaderIds.from_tokenizer(model.tokenizer).language
+    prefill = window_decode.prefill_draft
 
+    def faulty(net, prompt_ids, *args):
+        if language not in prompt_ids:
+            raise RuntimeError("prefill failed")
+        return prefill(net, prompt_ids, *args)
+
+    monkeypatch.setattr(window_decode, "prefill_draft", faulty)
     data = frames(signal(1.6, seed=11))
     wav = wav_bytes(signal(2.0, seed=12))
-    app = make(batch=Faulty)
+    app = make()
     samples, _ = sf.read(io.BytesIO(wav), dtype="float32")
     alone = app.engine.submit(samples, language="English").result(timeout=DEADLINE).text
     answers = []
@@ -656,3 +670,55 @@ def test_session_ends_when_the_engine_stops(make):
         events, code = until_closed(ws)
     assert [e["error"]["code"] for e in events] == ["shutting_down"]
     assert code == 1012
+
+
+def test_a_session_with_word_timestamps_ends_with_the_transcript_mlxasr_live_writes(
+    model, checkpoints, tmp_path
+):
+    """word_timestamps: the session's last events carry its transcript, words timed by the server's
+    aligner: what `mlxasr live --input --json --word-timestamps` writes for the same audio."""
+    import os
+
+    from mlx_qwen3asr.cli.main import main
+
+    samples = signal(6.0, seed=21)
+    wav = tmp_path / "talk.wav"
+    sf.write(wav, samples, SR, subtype="PCM_16")
+    stream = ["--chunk-seconds", "1", "--max-window-seconds", "4", "--no-vad", "--language", "en"]
+    args = ["live", "--input", str(wav), "--model", str(checkpoints("tiny")), *stream, "--json"]
+    assert main([*args, "--word-timestamps", "-o", str(tmp_path), "--name", "cli", "-q"]) == 0
+    written = json.loads((tmp_path / "cli.json").read_text(encoding="utf-8"))
+
+    aligner = mlx_qwen3asr.load(os.environ["MLXASR_ALIGNER"], dtype="float32")
+    engine = Engine(model, aligner=aligner, vad=False)
+    limits = LiveLimits(chunk_seconds=1.0, max_window_seconds=4.0)
+    app = create_app(engine, model_id=MODEL_ID, api_key=KEY, upload_dir=tmp_path, live=limits)
+    data, _ = sf.read(wav, dtype="int16")
+    try:
+        with (
+            TestClient(app, base_url="http://127.0.0.1") as c,
+            c.websocket_connect(URL, headers=auth()) as ws,
+        ):
+            ws.receive_json()
+            session = {"language": "English", "word_timestamps": True}
+            ws.send_json({"type": "transcription_session.update", "session": session})
+            assert ws.receive_json()["session"]["word_timestamps"] is True
+            events, code = run_stream(ws, frames(data.astype(np.float32) / 32768.0))
+    finally:
+        engine.close()
+    assert code == 1000 and events[-2]["type"] == "transcription_session.transcript"
+    transcript = events[-2]["transcript"]
+    assert sum(bool(s["words"]) for s in written["segments"]) >= 2
+    assert all(s["timing"] == "aligned" for s in written["segments"] if s["text"].strip())
+    keys = ("text", "language", "duration", "truncated", "repetitive", "warnings", "speech", "segments")
+    assert {k: transcript[k] for k in keys} == {k: written[k] for k in keys}
+
+
+def test_word_timestamps_need_the_server_s_aligner(make):
+    app = make()  # an engine without an aligner
+    with client(app) as c, c.websocket_connect(URL, headers=auth()) as ws:
+        ws.receive_json()
+        ws.send_json({"type": "transcription_session.update", "session": {"word_timestamps": True}})
+        events, code = until_closed(ws)
+    assert code == 1008 and events[-1]["error"]["code"] == "invalid_session"
+    assert "aligner" in events[-1]["error"]["message"]

@@ -19,6 +19,7 @@ import numpy as np
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.signal import ArraySignal, FileSignal, Signal
 from mlx_qwen3asr.pipeline.alignment import align_span
+from mlx_qwen3asr.pipeline.inputs import NO_SPEECH
 from mlx_qwen3asr.pipeline.joined import JoinedTexts
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, main_language
 from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber, StreamUpdate
@@ -128,6 +129,11 @@ class LiveSession:
         the live text: joined as it grows, not again at every step."""
         count = len(self.segments) - len(update.committed)
         return self._joined.text(self.segments, update.language or self.language, count)
+
+    def warnings(self) -> list[str]:
+        """What the session's end has to say about its audio: with speech detection, that audio came
+        and none of it was speech."""
+        return [NO_SPEECH] if self.vad and self.audio.count and not self.speech else []
 
     def transcription(self, warnings: list[str] | tuple[str, ...] = ()) -> Transcription:
         """The session as a Transcription: the committed segments, their text, main language, the audio's

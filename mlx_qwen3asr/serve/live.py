@@ -6,20 +6,20 @@ The client sends 16-bit little-endian mono PCM at 16 kHz, as JSON
 ``{"type": "input_audio_buffer.append", "audio": "<base64>"}`` or as binary frames of raw PCM, then
 ``{"type": "session.finish"}`` (or ``input_audio_buffer.commit``): the tail is flushed, the final
 events sent and the socket closed normally. ``{"type": "transcription_session.update", "session":
-{"language", "prompt", "turn_detection"}}`` may come before the first audio (turn_detection: speech
-detection, on as for the server's file requests unless null). The server answers with the events of
-OpenAI's realtime transcription where they fit (docs/server.md lists them): a
-``conversation.item.input_audio_transcription.delta`` after every step of the stream with the whole
-current text, its stable and unstable parts; a ``...completed`` for every committed segment; an
-``error`` event, then a close, for anything refused.
+{"language", "prompt", "turn_detection", "word_timestamps"}}`` may come before the first audio
+(turn_detection: speech detection, on as for the server's file requests unless null;
+word_timestamps: the words of committed segments timed by the server's aligner). The server answers
+with OpenAI's realtime transcription events where they fit, and the session's transcript at the end
+(live_events.py; docs/server.md lists them); an ``error`` event, then a close, for anything refused.
 
-Each session runs a StreamingTranscriber (pipeline.streaming) on a worker thread. Each decode of its
-window is a step of the Engine (Engine.submit_step): its row is encoded, prefilled and decoded by the
-Engine's scheduler in the running batch of the file requests (when their prompt start, the context, is
-the same; otherwise it waits for its turn like any other context). The model is only ever used from
-the Engine's thread, and the event loop never waits on the model. Who may connect is checked as for the
-HTTP API (Host, Origin, API key); sessions, the audio waiting in a session, its length and its
-silences are bounded (LiveLimits).
+Each session is a LiveSession (pipeline.live_session, as ``mlxasr live`` runs one) on a worker
+thread. Each decode of its window is a prepared step of the Engine (Engine.submit_step): encoded with
+the stream's kept encoder blocks and prefilled with its draft on the Engine's thread, then decoded
+as a row of the running batch of the file requests (when their prompt start, the context, is the
+same; otherwise it waits for its turn like any other context); its words are timed on the Engine's
+thread too (Engine.call). The model is only ever used from the Engine's thread, and the event loop
+never waits on the model. Who may connect is checked as for the HTTP API (Host, Origin, API key);
+sessions, the audio waiting in a session, its length and its silences are bounded (LiveLimits).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +42,30 @@ from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.vad import VadOptions
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
+from mlx_qwen3asr.pipeline.live_session import LiveSession
 from mlx_qwen3asr.pipeline.streaming import (
     DEFAULT_MAX_WINDOW_SECONDS,
     Decode,
+    RowDecode,
     StreamingTranscriber,
     StreamUpdate,
 )
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, refusal
+from mlx_qwen3asr.serve.live_events import (
+    CLOSE_INTERNAL,
+    CLOSE_INVALID_DATA,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_LATER,
+    SessionError,
+    pcm_samples,
+    shutting_down,
+    transcript_event,
+    turn_detection,
+    update_events,
+)
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
@@ -69,17 +84,6 @@ DEFAULT_MAX_SECONDS = 3600.0
 DEFAULT_IDLE_TIMEOUT = 30.0
 DEFAULT_MAX_BUFFER_SECONDS = 30.0
 DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
-
-# Close codes (RFC 6455).
-CLOSE_NORMAL = 1000
-CLOSE_INVALID_DATA = 1007
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
-CLOSE_SERVICE_RESTART = 1012
-CLOSE_TRY_LATER = 1013
-
-_EVENT = "conversation.item.input_audio_transcription"
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,10 @@ class LiveLimits:
         context: str,
         decode: Decode | None = None,
         vad: VadOptions | None = None,
+        rows: RowDecode | None = None,
     ) -> StreamingTranscriber:
-        """A session's stream; vad: its speech detection (None: off), see StreamingTranscriber."""
+        """A session's stream; vad: its speech detection (None: off); decode, rows: where its decodes
+        run (default: here), see StreamingTranscriber."""
         return StreamingTranscriber(
             model,
             language=language,
@@ -125,94 +131,9 @@ class LiveLimits:
             max_window_seconds=self.max_window_seconds,
             max_new_tokens=self.max_new_tokens,
             decode=decode,
+            rows=rows,
             vad=vad,
         )
-
-
-class SessionError(Exception):
-    """What ends a socket's live session early: the error event's code and message, and the close code."""
-
-    def __init__(self, code: str, message: str, close: int, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.code, self.message, self.close, self.kind = code, one_line(message), close, kind
-
-    def event(self) -> dict[str, Any]:
-        return {"type": "error", "error": {"message": self.message, "type": self.kind, "code": self.code}}
-
-
-def _shutting_down() -> SessionError:
-    return SessionError("shutting_down", "the server is shutting down", CLOSE_SERVICE_RESTART, "server_error")
-
-
-def delta_event(item: int, update: StreamUpdate, previous: str) -> dict[str, Any]:
-    """The event of one step: the text as it now stands, and how it changed since `previous`: the last
-    `replaced` characters of the previous text give way to `delta`."""
-    same = len(os.path.commonprefix([previous, update.text]))
-    return {
-        "type": f"{_EVENT}.delta",
-        "item_id": f"item_{item}",
-        "content_index": 0,
-        "delta": update.text[same:],
-        "replaced": len(previous) - same,
-        "text": update.text,
-        "stable": update.stable,
-        "unstable": update.unstable,
-        "language": update.language,
-        "audio_seconds": round(update.seconds, 6),
-        "final": update.final,
-    }
-
-
-def completed_event(item: int, segment: Any) -> dict[str, Any]:
-    return {
-        "type": f"{_EVENT}.completed",
-        "item_id": f"item_{item}",
-        "content_index": 0,
-        "transcript": segment.text,
-        "language": segment.language,
-        "start": round(segment.start, 6),
-        "end": round(segment.end, 6),
-    }
-
-
-def update_events(updates: list[StreamUpdate], state: dict[str, Any]) -> list[dict[str, Any]]:
-    """The events of a list of updates, in order: each step's delta, then the segments it committed.
-    state carries the previous text and the number of segments completed from one call to the next."""
-    events = []
-    for update in updates:
-        events.append(delta_event(state["items"], update, state["text"]))
-        state["text"] = update.text
-        for segment in update.committed:
-            events.append(completed_event(state["items"], segment))
-            state["items"] += 1
-    return events
-
-
-def _turn_detection(value: Any, current: VadOptions | None) -> VadOptions | None:
-    """The speech detection a session update's turn_detection asks for: null turns it off; {"type":
-    "server_vad", "threshold": P} (as OpenAI's, whose other fields are ignored) turns it on: only speech
-    reaches the model, and text is committed where it pauses (P: the current threshold when not given)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or value.get("type", "server_vad") != "server_vad":
-        raise SessionError(
-            "invalid_session",
-            '\'turn_detection\' must be null or {"type": "server_vad", "threshold": P}',
-            CLOSE_POLICY,
-        )
-    threshold = value.get("threshold", current.threshold if current is not None else VadOptions.threshold)
-    try:
-        return VadOptions(threshold=threshold)
-    except ValueError as e:
-        raise SessionError("invalid_session", f"turn_detection: {e}", CLOSE_POLICY) from None
-
-
-def _pcm(data: bytes) -> np.ndarray:
-    if len(data) % 2:
-        raise SessionError(
-            "invalid_audio", f"audio of {len(data)} bytes is not 16-bit PCM (odd count)", CLOSE_INVALID_DATA
-        )
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
 
 class _Session:
@@ -226,6 +147,7 @@ class _Session:
         # Speech detection, as the server's file requests have it (mlxasr serve --no-vad turns both off);
         # a session update's turn_detection changes it.
         self.vad: VadOptions | None = getattr(sessions.engine, "vad", None)
+        self.word_timestamps = False
         self.pending: list[np.ndarray] = []
         self.pending_samples = 0
         self.received_samples = 0
@@ -233,7 +155,7 @@ class _Session:
         self.wake = asyncio.Event()
         self.state = {"text": "", "items": 0}
         self.deadline = time.monotonic() + self.limits.max_seconds
-        self.stream: StreamingTranscriber | None = None
+        self.stream: LiveSession | None = None
         self.job: Job | None = None  # the engine step the stream waits for
         self.closed = False  # the session ended: no more steps
 
@@ -264,7 +186,7 @@ class _Session:
                     CLOSE_TOO_BIG,
                 )
             if data is not None:
-                self._audio(_pcm(data))
+                self._audio(pcm_samples(data))
             else:
                 await self._event(text or "")
 
@@ -295,7 +217,7 @@ class _Session:
                 raise SessionError(
                     "invalid_audio", "'audio' is not valid base64", CLOSE_INVALID_DATA
                 ) from None
-            self._audio(_pcm(data))
+            self._audio(pcm_samples(data))
         elif kind in ("input_audio_buffer.commit", "session.finish"):
             self.finishing = True
             self.wake.set()
@@ -325,10 +247,16 @@ class _Session:
             prompt_prefix_ids(self.sessions.engine.model.tokenizer, prompt)
         except ValueError as e:
             raise SessionError("invalid_session", str(e), CLOSE_POLICY) from None
-        vad = (
-            _turn_detection(session["turn_detection"], self.vad) if "turn_detection" in session else self.vad
-        )
+        vad = turn_detection(session["turn_detection"], self.vad) if "turn_detection" in session else self.vad
+        words = session.get("word_timestamps", self.word_timestamps)
+        if not isinstance(words, bool):
+            raise SessionError("invalid_event", "'word_timestamps' must be true or false", CLOSE_INVALID_DATA)
+        if words and getattr(self.sessions.engine, "aligner", None) is None:
+            raise SessionError(
+                "invalid_session", "word timestamps need an aligner; the server has none", CLOSE_POLICY
+            )
         self.language, self.context, self.vad = language or None, prompt, vad
+        self.word_timestamps = words
 
     def _audio(self, samples: np.ndarray) -> None:
         self.received_samples += samples.shape[0]
@@ -358,6 +286,7 @@ class _Session:
             "turn_detection": None
             if self.vad is None
             else {"type": "server_vad", "threshold": self.vad.threshold},
+            "word_timestamps": self.word_timestamps,
             "chunk_seconds": limits.chunk_seconds,
             "idle_timeout": limits.idle_timeout,
             "max_seconds": limits.max_seconds,
@@ -367,15 +296,37 @@ class _Session:
 
     # -- the model's side --
 
-    def _decode(self, samples: np.ndarray, suffix, budget: int) -> Generation:
-        """The stream's decode (on its worker thread): a step of the engine, awaited until the session's
-        deadline."""
+    def _row(self, samples: np.ndarray, suffix, budget: int, prepare) -> Generation:
+        """Where the stream's decodes run (on its worker thread): a prepared step of the engine (encoded
+        with the stream's kept blocks and prefilled with its draft on the engine's thread, then a row of
+        its batch), awaited until the session's deadline."""
         if self.closed:
             raise JobCancelled("the session ended")
         try:
-            job = self.sessions.engine.submit_step(samples, suffix, budget, context=self.context)
+            job = self.sessions.engine.submit_step(
+                samples, suffix, budget, context=self.context, prepare=prepare
+            )
         except RuntimeError:  # the engine is closed
-            raise _shutting_down() from None
+            raise shutting_down() from None
+        return self._wait(job)
+
+    def _on_engine(self, fn, *args):
+        """Run fn(*args) on the engine's thread (the aligner), awaited until the session's deadline."""
+        if self.closed:
+            raise JobCancelled("the session ended")
+        try:
+            future = self.sessions.engine.call(fn, *args)
+        except RuntimeError:
+            raise shutting_down() from None
+        try:
+            return future.result(timeout=max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            future.cancel()
+            raise self._too_long() from None
+        except JobCancelled:
+            raise shutting_down() from None
+
+    def _wait(self, job: Job) -> Generation:
         self.job = job
         if self.closed:
             job.cancel()
@@ -385,7 +336,7 @@ class _Session:
             job.cancel()
             raise self._too_long() from None
         except JobCancelled:
-            raise _shutting_down() from None
+            raise shutting_down() from None
         finally:
             self.job = None
 
@@ -393,8 +344,16 @@ class _Session:
         """Feed the stream (None: finish it), on a worker thread; the stream is made at its first use."""
         if self.stream is None:
             engine = self.sessions.engine
-            self.stream = self.limits.transcriber(
-                engine.model, self.language, self.context, self._decode, self.vad
+            transcriber = self.limits.transcriber(
+                engine.model, self.language, self.context, vad=self.vad, rows=self._row
+            )
+            self.stream = LiveSession(
+                transcriber,
+                aligner=engine.aligner if self.word_timestamps else None,
+                language=transcriber.language,
+                run=self._on_engine,
+                warn=lambda line: log.warning("live session %d: %s", self.number, line),
+                vad=self.vad is not None,
             )
         if samples is None:
             return [self.stream.finish()]
@@ -424,6 +383,10 @@ class _Session:
                 [final] = await asyncio.to_thread(self._feed, None)
                 for event in update_events([final], self.state):
                     await self.ws.send_json(event)
+                stream = self.stream
+                result = stream.transcription(stream.warnings())
+                stream.close()
+                await self.ws.send_json(transcript_event(result, self.sessions.model_id))
                 await self.ws.send_json(
                     {
                         "type": "transcription_session.finished",
