@@ -283,3 +283,43 @@ def test_a_draft_after_a_prompt_without_audio(model, prompt):
     plain = greedy_generate(model.net, text, none, 8, frozenset(), prefix=start)
     out = greedy_generate(model.net, text, none, 8, frozenset(), prefix=start, draft=plain.tokens[:3])
     assert out.tokens == plain.tokens and out.drafted == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# The committed text
+
+
+def test_a_step_joins_only_the_texts_committed_since_the_last(model, monkeypatch):
+    """The transcript of an update, and the committed text the terminal shows beside the live words,
+    are kept as they grow: a step at hour 3 joins as few texts as one at minute 1."""
+    from mlx_qwen3asr.pipeline import joined, live_session, streaming
+    from mlx_qwen3asr.pipeline.result import Segment
+    from mlx_qwen3asr.text.output import join_texts
+
+    counts = []
+
+    def counting(texts, language=""):
+        texts = list(texts)
+        counts.append(len(texts))
+        return join_texts(texts, language)
+
+    monkeypatch.setattr(joined, "join_texts", counting)
+    monkeypatch.setattr(streaming, "join_texts", counting)
+    stream = StreamingTranscriber(model, language="English", max_new_tokens=2, chunk_seconds=0.5)
+    session = live_session.LiveSession(stream, language="English")
+    audio = test_signal(2.0, seed=15)
+    work = []
+    for k, at in enumerate(range(0, audio.shape[0], SR // 2)):
+        stream.segments.extend(
+            Segment(i, i + 1.0, f"word{i}", "English") for i in range(k * 500, (k + 1) * 500)
+        )
+        counts.clear()
+        for update in session.feed(audio[at : at + SR // 2]):
+            session.committed_before(update)
+        work.append(sum(counts))
+    want = join_texts([s.text for s in stream.segments], "English")
+    assert session.committed_before(stream._last_update) == want
+    assert stream._last_update.text.startswith(want)
+    # 500 more committed segments before each step: each step joins those 500 (once for the update,
+    # once for the display) and a few texts more, never the 2000 of them all.
+    assert work[1:] == [work[1]] * 3 and work[1] <= 2 * 502 + 4
