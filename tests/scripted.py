@@ -7,6 +7,7 @@ Each is handed to the code under test as `Parts` (mlx_qwen3asr.pipeline.parts), 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import fields, replace
 
@@ -26,6 +27,12 @@ class Record:
 
     def parts(self, **changes) -> Parts:
         return Parts(batch=self.batch, **changes)
+
+
+def short_budgets(**changes) -> Parts:
+    """Parts whose token budgets still differ with segment length (rows finish apart) but keep decoding
+    short: random weights never end a segment themselves and decode every row to its budget."""
+    return Parts(budget=lambda seconds: 8 + math.ceil(seconds), **changes)
 
 
 def spy_batches(base: type = DecodeBatch) -> Record:

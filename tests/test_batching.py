@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile as sf
 from reference import test_signal
+from scripted import short_budgets
 
 import mlx_qwen3asr
 from mlx_qwen3asr.audio.features import log_mel_spectrogram
@@ -174,12 +173,6 @@ def inputs_for_test():
         (test_signal(5.0, seed=2), 16000),
         test_signal(12.0, seed=4),
     ]
-
-
-def short_budgets() -> Parts:
-    """Budgets that still differ by segment length (rows finish apart) but keep the decoding short:
-    random weights decode every row to its budget."""
-    return Parts(budget=lambda seconds: 8 + math.ceil(seconds))
 
 
 def test_batch_size_does_not_change_any_text(model, monkeypatch):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from reference import test_signal
+from scripted import short_budgets
 
 import mlx_qwen3asr
 from mlx_qwen3asr.audio import files as decode
@@ -86,9 +87,9 @@ def test_a_spilled_file_transcribes_like_a_held_one(checkpoints, tmp_path, monke
     path = tmp_path / "talk.wav"
     stereo_file(path, 70.0, rate=22050)
     monkeypatch.setattr(decode, "SPILL_SECONDS", 1e9)
-    held = mlx_qwen3asr.transcribe(model, str(path), vad=False)
+    held = mlx_qwen3asr.transcribe(model, str(path), vad=False, parts=short_budgets())
     monkeypatch.setattr(decode, "SPILL_SECONDS", 10.0)
-    spilled = mlx_qwen3asr.transcribe(model, str(path), vad=False)
+    spilled = mlx_qwen3asr.transcribe(model, str(path), vad=False, parts=short_budgets())
     assert len(held.segments) == len(spilled.segments) == 3
     assert [(s.start, s.end, s.text) for s in held.segments] == [
         (s.start, s.end, s.text) for s in spilled.segments
