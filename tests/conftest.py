@@ -85,3 +85,22 @@ def _test_aligner(checkpoints):
     os.environ["MLXASR_ALIGNER"] = str(checkpoints("aligner-tiny"))
     yield
     os.environ.pop("MLXASR_ALIGNER", None)
+
+
+# The files that take longest (the real-shape parity cases, live sessions through the command) go
+# first: pytest-xdist hands out whole files (--dist loadfile) in collection order, so a long file
+# collected last would leave one worker running it alone at the end.
+LONGEST_FIRST = (
+    "test_parity.py",
+    "test_align.py",
+    "test_live.py",
+    "test_streaming.py",
+    "test_batching.py",
+    "test_cli.py",
+    "test_tokenizer.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
