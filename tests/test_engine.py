@@ -168,18 +168,16 @@ def test_a_prepared_live_step_keeps_its_stream_s_work_and_decodes_beside_a_file(
     from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
 
     monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
-    live_keys, steps, drafted = set(), [], []
+    beside, drafted = [], []  # per live row joining the engine's batch: whether file rows ran in it
     join = DraftStart.join
 
     def joining(self, batch, key):
+        join(self, batch, key)
         if isinstance(batch, Rows):
-            live_keys.add(key)
-        return join(self, batch, key)
+            beside.append(len(batch) > 1)
 
     class Rows(DecodeBatch):
-        def step(self):
-            steps.append(list(self.keys))
-            return super().step()
+        pass
 
     monkeypatch.setattr(DraftStart, "join", joining)
     engine = Engine(model, batch_size=4, vad=False, parts=replace(Parts(), batch=Rows, budget=lambda s: 300))
@@ -209,5 +207,5 @@ def test_a_prepared_live_step_keeps_its_stream_s_work_and_decodes_beside_a_file(
     assert got == run(alone)
     assert served.step_encoded_samples == alone.step_encoded_samples
     assert sum(served.step_encoded_samples) < 20 * 16000 * 10 / 2  # far less than every window whole
-    assert sum(drafted) > 0 and len(live_keys) == len(drafted) == served.steps
-    assert any(set(keys) & live_keys and set(keys) - live_keys for keys in steps)  # side by side
+    assert sum(drafted) > 0 and len(beside) == len(drafted) == served.steps
+    assert any(beside)  # joined the file's running rows, and decoded in their steps
