@@ -138,7 +138,12 @@ def run_socket(model, samples, chunk_seconds: float, meter: Meter, work: Path) -
 
     engine = Engine(model, vad=False)
     engine._scheduler.eos = frozenset()  # as the bench's decodes: EOS off
-    app = create_app(engine, model_id="bench", upload_dir=work, live=LiveLimits(chunk_seconds=chunk_seconds))
+    app = create_app(
+        engine,
+        model_id="bench",
+        upload_dir=work,
+        live=LiveLimits(chunk_seconds=chunk_seconds, idle_timeout=3600.0, max_buffer_seconds=3600.0),
+    )
     pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
     step = int(round(chunk_seconds * 16000))
     meter.reset()
