@@ -104,3 +104,17 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_memory_between_files():
+    """What a test file's models leave in MLX's buffer cache goes back to the system before the next
+    file: a worker that ran the real-shape parity cases would otherwise hold gigabytes it no longer
+    uses, beside the other worker's."""
+    yield
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()

@@ -282,8 +282,9 @@ def repo_files(checkpoint: Path) -> dict[str, bytes]:
 def test_reachable_hub_downloads_the_checkpoint(tmp_path, checkpoints, hub_server):
     files = repo_files(checkpoints("tiny"))
     (tmp_path / "hub").mkdir()
-    # A hub that answers: a loaded machine's pauses must not read as a stall (the stall tests use TIMEOUT).
-    env = hub_env(tmp_path / "hub", hub_server(serves_repo(files)), MLXASR_HUB_TIMEOUT=str(SLACK))
+    # A hub that answers: a loaded machine's pauses (this process serves the files) must not read as a
+    # stall; the stall tests use TIMEOUT.
+    env = hub_env(tmp_path / "hub", hub_server(serves_repo(files)), MLXASR_HUB_TIMEOUT="60")
     proc, _ = run_load(REPO, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     snapshot = tmp_path / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT
