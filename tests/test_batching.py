@@ -15,6 +15,7 @@ from mlx_qwen3asr.model import batch as decoding
 from mlx_qwen3asr.model import generate
 from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.generate import greedy_generate, greedy_generate_batch
+from mlx_qwen3asr.pipeline import scheduler as scheduler_module
 from mlx_qwen3asr.pipeline.encoding import encode_segments
 from mlx_qwen3asr.pipeline.inputs import InputOptions
 from mlx_qwen3asr.pipeline.memory import MEMORY_FRACTION, kv_bytes_per_position
@@ -250,10 +251,13 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     monkeypatch.setattr("mlx_qwen3asr.model.batch.LOOP_CHECK_EVERY", 10**9)
     per_position = kv_bytes_per_position(model)
 
-    def run(memory: int, max_batch: int | None = None):
+    def run(memory: int, max_batch: int = 32):
+        from mlx_qwen3asr.runtime.device import Tuning
+
+        monkeypatch.setattr(scheduler_module, "tuning", lambda: Tuning(max_batch=max_batch))
         record = spy_batches()
         parts = record.parts(memory=lambda: memory, budget=short_budgets().budget)
-        results = run_all(model, inputs_for_test(), max_batch=max_batch, parts=parts)
+        results = run_all(model, inputs_for_test(), parts=parts)
         assert all(r.error is None for r in results)
         return record
 
@@ -419,7 +423,8 @@ def test_inputs_read_ahead_hold_at_most_the_memory_budget_of_samples(model, tmp_
     parts = Parts(prepare=prepare_input, budget=lambda seconds: 3)
 
     def run(held_seconds: float) -> int:
-        sched = Scheduler(model, batch_size=4, held_seconds=held_seconds, parts=parts)
+        monkeypatch.setattr(scheduler_module, "HELD_SECONDS", held_seconds)
+        sched = Scheduler(model, batch_size=4, parts=parts)
         for i, path in enumerate(paths):
             sched.submit(i, str(path))
         done, peak = 0, 0

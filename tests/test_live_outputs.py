@@ -27,6 +27,7 @@ from mlx_qwen3asr.outputs.wrapping import clean_text
 from mlx_qwen3asr.pipeline.result import Segment, Transcription, Word, main_language
 from mlx_qwen3asr.runtime import atomic
 from mlx_qwen3asr.text.output import join_texts
+from tools.live_commit_bench import make_segments
 
 FORMATS = ("txt", "srt", "vtt", "json")
 WORDS = (
@@ -37,25 +38,8 @@ WORDS = (
 
 def segments(count: int, *, timed: bool, seed: int = 0, start: float = 0.0) -> list[Segment]:
     """count segments of 5 to 15 s of speech (a pause of up to 1.5 s between), with words spread over
-    each when timed."""
-    rng = np.random.default_rng(seed)
-    out, t = [], start
-    for _ in range(count):
-        length = float(rng.uniform(5.0, 15.0))
-        n = max(1, int(length * 2.5))
-        picked = [WORDS[int(i)] for i in rng.integers(0, len(WORDS), n)]
-        text = " ".join(picked)
-        seg = Segment(round(t, 3), round(t + length, 3), text, "English")
-        if timed:
-            words, pos, step = [], 0, length / n
-            for k, w in enumerate(picked):
-                at = text.index(w, pos)
-                pos = at + len(w)
-                words.append(Word(w, t + k * step, t + (k + 0.8) * step, at, pos))
-            seg.timing, seg.words = "aligned", words
-        out.append(seg)
-        t += length + float(rng.uniform(0.2, 1.5))
-    return out
+    each when timed; the words include characters the writers escape."""
+    return make_segments(timed, count=count, seed=seed, start=start, words=WORDS)
 
 
 class Tone(Signal):

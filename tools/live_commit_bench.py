@@ -52,26 +52,37 @@ WORDS = (
 ).split()
 
 
-def make_segments(seconds: float, timed: bool, seed: int = 0) -> list[Segment]:
+def make_segments(
+    timed: bool,
+    *,
+    seconds: float = float("inf"),
+    count: int | None = None,
+    seed: int = 0,
+    start: float = 0.5,
+    words: list[str] = WORDS,
+) -> list[Segment]:
+    """Segments of 5 to 15 s of speech (a pause of 0.2 to 1.5 s between) from `start`, until `seconds`
+    or `count` of them, their words drawn from `words` (spread over each segment when timed)."""
     rng = np.random.default_rng(seed)
-    out, t = [], 0.5
-    while True:
+    out, t = [], start
+    while count is None or len(out) < count:
         length = float(rng.uniform(5.0, 15.0))
         if t + length > seconds:
-            return out
+            break
         n = max(1, int(length * 2.5))
-        picked = [WORDS[int(i)] for i in rng.integers(0, len(WORDS), n)]
+        picked = [words[int(i)] for i in rng.integers(0, len(words), n)]
         text = " ".join(picked)
         seg = Segment(round(t, 3), round(t + length, 3), text, "English")
         if timed:
-            words, pos, step = [], 0, length / n
+            timing, pos, step = [], 0, length / n
             for k, w in enumerate(picked):
                 at = text.index(w, pos)
                 pos = at + len(w)
-                words.append(Word(w, round(t + k * step, 3), round(t + (k + 0.8) * step, 3), at, pos))
-            seg.timing, seg.words = "aligned", words
+                timing.append(Word(w, round(t + k * step, 3), round(t + (k + 0.8) * step, 3), at, pos))
+            seg.timing, seg.words = "aligned", timing
         out.append(seg)
         t += length + float(rng.uniform(0.2, 1.5))
+    return out
 
 
 def spill(seconds: float) -> tuple[object, int]:
@@ -221,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"hours": args.hours, "before": rev, "synced": not args.no_sync, "runs": []}
     scratch = tempfile.mkdtemp(prefix="live-commit-bench-")
     for timing in ("words", "estimated"):
-        segments = make_segments(seconds, timing == "words")
+        segments = make_segments(timing == "words", seconds=seconds)
         late = segments[-args.repeats - 1].start - 1.0
         points = [args.early_minutes * 60, late]
         for which in ("before", "after"):

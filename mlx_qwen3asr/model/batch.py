@@ -254,14 +254,7 @@ class DecodeBatch:
             self.rows, self.cache, self.y, self.scores, self.logits = [], None, None, None, None
             raise
 
-    def _stack(
-        self,
-        caches: list[list[KVCache]],
-        new_rows: list[Row],
-        y: mx.array,
-        logits: mx.array,
-        scores: mx.array,
-    ) -> None:
+    def _stack(self, caches, new_rows, y, logits, scores) -> None:
         parts = ([self.cache] if self.cache is not None else []) + caches
         width = max(c[0].offset for c in parts)
         remaining = max(r.budget - len(r.tokens) for r in self.rows + new_rows)

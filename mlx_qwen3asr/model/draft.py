@@ -151,21 +151,4 @@ def decode_alone(
     return start.finish(results["draft"])
 
 
-def generate_after_draft(
-    net: Qwen3ASR,
-    prompt_ids: list[int],
-    audio_features: mx.array,
-    max_new_tokens: int,
-    eos_ids: set[int] | frozenset[int],
-    prefix: Prefix | None,
-    draft: list[int],
-    header: HeaderIds | None = None,
-) -> Generation:
-    """greedy_generate with a draft: the prompt and the draft prefilled together, the greedy picks at
-    the draft's positions compared with it, the cache cut back to the prompt and the accepted tokens,
-    and a decode batch of one row started there."""
-    start = prefill_draft(net, prompt_ids, audio_features, max_new_tokens, eos_ids, prefix, draft, header)
-    return decode_alone(net, start, eos_ids, prefix, header)
-
-
-__all__ = ["DraftStart", "decode_alone", "generate_after_draft", "prefill_draft"]
+__all__ = ["DraftStart", "decode_alone", "prefill_draft"]

@@ -19,7 +19,7 @@ from mlx_qwen3asr.model.batch import (
     HeaderIds,
     ends_in_loop,
 )
-from mlx_qwen3asr.model.draft import generate_after_draft
+from mlx_qwen3asr.model.draft import decode_alone, prefill_draft
 from mlx_qwen3asr.model.prefill import Prefix, extend_prefix, prefill_chunks, prefill_prefix
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
 
@@ -57,9 +57,10 @@ def greedy_generate(
     """
     draft = [int(t) for t in draft][: max(0, int(max_new_tokens) - 1)]
     if draft and not keep_logits:
-        return generate_after_draft(
-            net, prompt_ids, audio_features, max_new_tokens, eos_ids, prefix, draft, header
-        )
+        # The prompt and the draft prefilled together, then a decode batch of one row from the first
+        # token the draft got wrong.
+        start = prefill_draft(net, prompt_ids, audio_features, max_new_tokens, eos_ids, prefix, draft, header)
+        return decode_alone(net, start, eos_ids, prefix, header)
     batch = greedy_generate_batch(
         net,
         [prompt_ids],

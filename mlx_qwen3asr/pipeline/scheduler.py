@@ -87,12 +87,10 @@ class Scheduler(LiveSteps):
         batch_size: int | None = None,
         on_segment: Callable[[Hashable, Segment], None] | None = None,
         on_progress: Callable[[Hashable, float], None] | None = None,
-        held_seconds: float = HELD_SECONDS,
-        max_batch: int | None = None,
         parts: Parts | None = None,
     ) -> None:
-        """held_seconds: decoded audio that inputs read ahead may hold in memory at once.
-        max_batch: rows at most when the batch is sized automatically (default: the device's, runtime/device.py)."""
+        """Inputs read ahead hold at most HELD_SECONDS of decoded audio in memory at once; a batch sized
+        automatically holds at most the device's Tuning.max_batch rows (runtime/device.py)."""
         require_kind(model, "asr")
         self.parts = parts if parts is not None else Parts()
         if aligner is not None:
@@ -101,11 +99,11 @@ class Scheduler(LiveSteps):
         self.on_progress = on_progress
         self.max_segment_seconds = max_segment_seconds
         self.fixed = max(1, int(batch_size)) if batch_size else None
-        self.size = self.fixed or max(1, int(max_batch or tuning().max_batch))
+        self.size = self.fixed or max(1, int(tuning().max_batch))
         self.kv_memory = None if self.fixed else int(self.parts.memory() * MEMORY_FRACTION)
         self.eos = PromptIds.from_tokenizer(model.tokenizer).eos
         self.header = HeaderIds.from_tokenizer(model.tokenizer)
-        self.inputs = ReadAhead(self.parts, max_segment_seconds, held_seconds)
+        self.inputs = ReadAhead(self.parts, max_segment_seconds, HELD_SECONDS)
         self.pending: dict[Hashable, Pending] = {}
         self.pool: list[Task] = []
         self.batch: DecodeBatch | None = None
