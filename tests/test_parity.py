@@ -54,8 +54,8 @@ def _release_models():
     _runs.clear()
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("seconds", SECONDS)
+# One preset after the other (pair() keeps one pair of models loaded): the real shapes load once.
+@pytest.mark.parametrize(("preset", "seconds"), [(p, s) for p in PRESETS for s in SECONDS])
 def test_stages_match_official(checkpoints, measurements, preset, seconds):
     ref, ours = pair(checkpoints, preset)
     run = reference_run(checkpoints, preset, seconds)
@@ -96,7 +96,7 @@ def test_stages_match_official(checkpoints, measurements, preset, seconds):
     )
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", PRESETS[::-1])  # the real shapes first: still loaded
 def test_the_window_mask_changes_the_reference_past_8_seconds(checkpoints, preset):
     """The 8.1 s case can only catch a missing window if windowing matters there."""
     ref, ours = pair(checkpoints, preset)
