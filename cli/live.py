@@ -46,6 +46,7 @@ from mlx_qwen3asr.cli.options import (
     add_speech_detection,
     add_word_timing,
     check_vad,
+    int_in,
     moot,
     number_in,
     span,
@@ -65,6 +66,7 @@ PROG = "mlxasr live"
 
 CHUNK_SECONDS_RANGE = (0.1, 30.0)
 WINDOW_SECONDS_RANGE = (3.0, 600.0)
+NEW_TOKENS_RANGE = (1, 100_000)
 # Audio handed to the transcriber at a time: small enough that a stream read or a played file keeps
 # pace with speech, large enough not to cost a step per block.
 BLOCK_SECONDS = 0.1
@@ -162,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"once it is reached ({span(WINDOW_SECONDS_RANGE)}; default: {DEFAULT_MAX_WINDOW_SECONDS:g}); at least "
         "twice --chunk-seconds plus 1",
     )
+    model.add_argument(
+        "--max-new-tokens",
+        type=int_in(NEW_TOKENS_RANGE),
+        default=None,
+        metavar="N",
+        help="most tokens one update may write, language header included (default: 32 plus 12.5 a "
+        "second of the audio decoded); a lower one bounds the time a runaway output costs",
+    )
     add_word_timing(model)
     add_speech_detection(model)
     out = p.add_argument_group("output")
@@ -254,6 +264,7 @@ def _run_session(
             context=args.context,
             chunk_seconds=args.chunk_seconds,
             max_window_seconds=args.max_window_seconds,
+            max_new_tokens=args.max_new_tokens,
             vad=vad,
         )
     except (ValueError, VadUnavailable) as e:

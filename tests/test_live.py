@@ -31,8 +31,18 @@ from mlx_qwen3asr.pipeline.streaming import StreamingTranscriber
 from mlx_qwen3asr.text.output import join_texts
 
 # Short chunks and windows, so that a few seconds of audio make several commits; the test audio is no
-# speech (tests/reference.py test_signal), so speech detection is off to have it transcribed.
-STREAM = ["--chunk-seconds", "1", "--max-window-seconds", "4", "--no-vad"]
+# speech (tests/reference.py test_signal), so speech detection is off to have it transcribed. Random
+# weights never end an answer themselves: every update writes its whole budget, kept short.
+NEW_TOKENS = 12
+STREAM = [
+    "--chunk-seconds",
+    "1",
+    "--max-window-seconds",
+    "4",
+    "--no-vad",
+    "--max-new-tokens",
+    str(NEW_TOKENS),
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +65,9 @@ def raw_pcm(path: Path) -> bytes:
 
 def direct_segments(ckpt: str, path: Path):
     """What StreamingTranscriber commits for the file's audio, fed in one piece."""
-    transcriber = StreamingTranscriber(load(ckpt), chunk_seconds=1.0, max_window_seconds=4.0)
+    transcriber = StreamingTranscriber(
+        load(ckpt), chunk_seconds=1.0, max_window_seconds=4.0, max_new_tokens=NEW_TOKENS
+    )
     transcriber.feed(load_audio(path))
     transcriber.finish()
     return transcriber.segments
@@ -389,6 +401,14 @@ def test_existing_output_is_refused_before_the_model_loads(tmp_path, ckpt, capsy
         main(["live", "--input", str(audio), "--model", ckpt, "--srt", "--overwrite", "--no-vad", "-q"]) == 0
     )
     assert list(srt.parse((tmp_path / "talk.srt").read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_max_new_tokens_is_a_count_of_at_least_one(value, capsys):
+    assert main(["live", "-", "--max-new-tokens", value, "--model", "not-loaded"]) == 2
+    assert (
+        capsys.readouterr().err.splitlines()[-1].startswith("mlxasr live: error: argument --max-new-tokens: ")
+    )
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,17 @@ def test_live_transcribes_only_the_speech_and_no_vad_all_the_audio(
 
     monkeypatch.setattr(streaming.StreamingTranscriber, "_decode", counted)
     ckpt = str(checkpoints("tiny"))
-    args = ["live", "--input", str(tmp_path / "talk.wav"), "--model", ckpt, "--json", "-q"]
+    args = [
+        "live",
+        "--input",
+        str(tmp_path / "talk.wav"),
+        "--model",
+        ckpt,
+        "--json",
+        "-q",
+        "--max-new-tokens",
+        "12",
+    ]
     assert main([*args, "--vad-threshold", "0.6"]) == 0
     doc = json.loads((tmp_path / "talk.json").read_text(encoding="utf-8"))
     assert len(doc["segments"]) == 2 and len(doc["speech"]) == 2
