@@ -264,7 +264,8 @@ def test_automatic_batches_fit_their_kv_cache_in_the_memory_share(model, monkeyp
     everything = run(1 << 50)
     assert [len(a["prompts"]) for a in everything.adds] == [6]  # 3 + 1 + 1 + 1 segments, all at once
     first = everything.adds[0]
-    longest = max(len(p) for p in first["prompts"]) + max(first["budgets"])  # positions a row holds at most
+    # Positions a row holds at most, allocated in whole blocks.
+    longest = KVCache.blocks(max(len(p) for p in first["prompts"]) + max(first["budgets"]))
     prefix = len(first["prefix"].ids)  # computed once, then copied into every row's cache
     # A share of exactly the prefix and two such rows (each with its copy of the prefix): never more
     # than two rows at a time.

@@ -60,6 +60,12 @@ def test_our_step_times_for_every_row_count(report):
             for key in ("step_ms", "build_ms", "host_only_ms", "graph_build_ms", "graph_eval_ms"):
                 assert positive(profile[key]), key
             assert profile["graph"]["nodes"] > 0
+            # The same step built op by op: the same tokens, and more primitives than the compiled
+            # step, whose element-wise runs are fused; a trace for the batch's one shape.
+            check_side(entry["eager"], entry["rows"])
+            assert entry["compiled_eager_agree"][0] == entry["compiled_eager_agree"][1] > 0
+            assert entry["eager"]["profile"]["graph"]["nodes"] > profile["graph"]["nodes"]
+            assert entry["ours"]["traces"] <= 1 and "compiled" in entry["ours"]["loop"]
 
 
 def test_mlx_lm_step_times_for_every_row_count(report):

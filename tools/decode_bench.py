@@ -8,7 +8,9 @@ folder (tools/make_checkpoint.py) and, with --quantize 4 (or 8), converted by ou
 (mlx_qwen3asr.checkpoints.convert, group size 64, decoder and embedding quantized, encoder left float).
 --quantize takes a list: `none` is the checkpoint as written, in --dtype.
 
-1. Step time against rows. Our side is mlx_qwen3asr.model.batch.DecodeBatch: `add` prefills
+1. Step time against rows. Our side is mlx_qwen3asr.model.batch.DecodeBatch, run twice: with its step
+   compiled (model/step.py, the default: `ours`) and built op by op (MLXASR_COMPILE=0: `eager`),
+   reporting how many traces the compiled run made and how many tokens the two agree on. `add` prefills
    --prompt-tokens text-only positions per row (no audio features), then `step()` advances every row
    one token with the next step kept in flight. The loop stop is off (LOOP_CHECK_EVERY) and no token
    ends a row (no EOS ids), so every row decodes the whole budget. mlx-lm's side is its qwen3.Model
@@ -44,6 +46,7 @@ import importlib
 import io
 import json
 import math
+import os
 import platform
 import re
 import shutil
@@ -71,6 +74,7 @@ import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_qwen3asr.model import batch as decoding  # noqa: E402
+from mlx_qwen3asr.model import step as step_module  # noqa: E402
 
 DEFAULT_ROWS = "1,4,16,32"
 PROMPT_LOW, PROMPT_HIGH = 1000, 150000  # ordinary text tokens (the special ones start at 151643)
@@ -229,11 +233,28 @@ def no_loop_stop():
         decoding.LOOP_CHECK_EVERY = saved
 
 
-def run_ours(net, prompts: list[list[int]], args, profile: bool) -> dict:
+@contextlib.contextmanager
+def compile_mode(on: bool):
+    """Our decoding step compiled (model/step.py, the default) or eager, while active."""
+    saved = os.environ.get(step_module.ENV)
+    os.environ[step_module.ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(step_module.ENV, None)
+        else:
+            os.environ[step_module.ENV] = saved
+
+
+def run_ours(net, prompts: list[list[int]], args, profile: bool, compiled: bool = True) -> dict:
     rows = len(prompts)
     budget = token_budget(args)
     hidden = net.config.text_config.hidden_size
-    with no_loop_stop():
+    traces = step_module.Traces.count
+    with no_loop_stop(), compile_mode(compiled):
+        if compiled and not step_module.compiling():
+            raise RuntimeError("MLX cannot compile here")
         # No EOS ids: no token ends a row; the budget is never reached in the steps timed.
         batch = decoding.DecodeBatch(net, frozenset())
         start = time.perf_counter()
@@ -252,7 +273,7 @@ def run_ours(net, prompts: list[list[int]], args, profile: bool) -> dict:
                 raise RuntimeError(f"a row finished during the timed steps: {finished[0][0]!r}")
         sync()
         result = {
-            "loop": "DecodeBatch.step",
+            "loop": "DecodeBatch.step" + (" (compiled)" if compiled else " (eager)"),
             "prefill_s": prefill_s,
             "step_s": times,
             "tokens": list(batch.rows[0].tokens),
@@ -260,16 +281,13 @@ def run_ours(net, prompts: list[list[int]], args, profile: bool) -> dict:
         if profile:
             with timed_async_eval(decoding) as clock:
                 result["profile"] = profile_steps(batch.step, clock, args.profile_steps)
-            none = batch.header.none
-            chosen = getattr(decoding, "chosen_scores", None)
 
             def build():
-                hidden_states = net.model(net.model.embed_tokens(batch.y[:, None]), cache=batch.cache)
-                logits = net.logits(hidden_states[:, -1, :])
-                y = mx.argmax(logits, axis=-1)
-                return (y, chosen(logits, y, none)) if chosen is not None else (y,)
+                y, _, scores = batch._forward()  # the step's graph: compiled (replayed) or eager
+                return y, scores
 
             result["profile"].update(graph_alone(build))
+        result["traces"] = step_module.Traces.count - traces
     return result
 
 
@@ -569,6 +587,13 @@ def run_config(path: Path, label: dict, args, mods) -> dict:
         ours = attempt(entry, "ours", run_ours, net, prompts, args, profile)
         if ours is not None:
             entry["ours"] = summarize(ours, rows)
+        eager = attempt(entry, "eager", run_ours, net, prompts, args, profile, False)
+        if eager is not None:
+            entry["eager"] = summarize(eager, rows)
+            if ours is not None:
+                entry["compiled_over_eager"] = entry["ours"]["ms_per_step"] / entry["eager"]["ms_per_step"]
+                n = min(len(ours["tokens"]), len(eager["tokens"]))
+                entry["compiled_eager_agree"] = [agreement(ours["tokens"], eager["tokens"]), n]
         if lm is not None:
             if rows == 1:
                 theirs = attempt(entry, "mlx_lm", run_mlx_lm_single, mods, lm, prompts[0], args, profile)
@@ -616,6 +641,8 @@ def summarize(run: dict, rows: int) -> dict:
         "step_ms": [1000.0 * s for s in run["step_s"]],
         "tokens_row0": run["tokens"][:16],
     }
+    if "traces" in run:
+        out["traces"] = run["traces"]
     if "profile" in run:
         out["profile"] = run["profile"]
     return out
@@ -632,20 +659,23 @@ def fmt(x, digits=2) -> str:
 
 
 HEADER = (
-    f"{'model':<14} {'rows':>4} {'ours ms':>9} {'mlx-lm ms':>9} {'ours/lm':>7} "
-    f"{'ours tok/s':>10} {'lm tok/s':>10} {'agree':>7}"
+    f"{'model':<14} {'rows':>4} {'ours ms':>9} {'eager ms':>9} {'mlx-lm ms':>9} {'ours/lm':>7} "
+    f"{'ours tok/s':>10} {'lm tok/s':>10} {'agree':>7} {'eager':>7}"
 )
 
 
 def print_row(label: dict, entry: dict, args) -> None:
-    ours, theirs = entry.get("ours") or {}, entry.get("mlx_lm")
-    agree = entry.get("tokens_agree")
+    """ours: the compiled step (the default); eager: the same step built op by op; agree: row 0's
+    tokens ours and mlx-lm's agree on; eager: ours compiled and eager."""
+    ours, theirs, eager = entry.get("ours") or {}, entry.get("mlx_lm"), entry.get("eager")
+    agree, same = entry.get("tokens_agree"), entry.get("compiled_eager_agree")
     name = f"{label['preset']} {label['weights']}"
     print(
         f"{name:<14} {entry['rows']:>4} {fmt(ours.get('ms_per_step')):>9} "
+        f"{fmt(eager and eager['ms_per_step']):>9} "
         f"{fmt(theirs and theirs['ms_per_step']):>9} {fmt(entry.get('ratio_ours_over_mlx_lm')):>7} "
         f"{fmt(ours.get('tokens_per_s'), 0):>10} {fmt(theirs and theirs['tokens_per_s'], 0):>10} "
-        f"{(f'{agree[0]}/{agree[1]}' if agree else '-'):>7}",
+        f"{(f'{agree[0]}/{agree[1]}' if agree else '-'):>7} {(f'{same[0]}/{same[1]}' if same else '-'):>7}",
         flush=True,
     )
 
@@ -654,7 +684,7 @@ def print_profiles(configs: list[dict]) -> None:
     lines = []
     for config in configs:
         for entry in config["rows"]:
-            for system in ("ours", "mlx_lm"):
+            for system in ("ours", "eager", "mlx_lm"):
                 p = (entry.get(system) or {}).get("profile")
                 if not p:
                     continue

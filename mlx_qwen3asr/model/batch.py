@@ -15,6 +15,7 @@ import numpy as np
 from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.prefill import Prefix, prefill_padded
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
+from mlx_qwen3asr.model.step import chosen_scores, compiled_step, compiling
 from mlx_qwen3asr.runtime.device import tuning
 
 # A pattern of up to MAX_PERIOD tokens repeated REPEAT_THRESHOLD times in a row is a runaway loop.
@@ -95,14 +96,6 @@ def _language_position(prompt: Sequence[int], header: HeaderIds) -> int | None:
         return None
     hits = np.flatnonzero(ids[turns[-1] :] == header.language)
     return int(turns[-1] + hits[0]) if hits.size else None
-
-
-def chosen_scores(logits: mx.array, y: mx.array, none: int) -> mx.array:
-    """(rows, 3) float32: each row's chosen token (exact in float32 below 2**24), its log-probability
-    (max - logsumexp) and the log-probability of `none`, so that one read-back carries all three."""
-    logits = logits.astype(mx.float32)
-    norm = mx.logsumexp(logits, axis=-1)
-    return mx.stack([y.astype(mx.float32), mx.max(logits, axis=-1) - norm, logits[:, none] - norm], axis=1)
 
 
 @dataclass
@@ -258,9 +251,11 @@ class DecodeBatch:
         parts = ([self.cache] if self.cache is not None else []) + caches
         width = max(c[0].offset for c in parts)
         remaining = max(r.budget - len(r.tokens) for r in self.rows + new_rows)
+        # Room for every row to its budget, in whole blocks: the compiled step is traced per capacity.
+        capacity = KVCache.blocks(width + remaining)
         joined = []
         for layer in range(len(self.net.model.layers)):
-            joined.append(KVCache.stack([c[layer] for c in parts], width + remaining))
+            joined.append(KVCache.stack([c[layer] for c in parts], capacity))
             for c in parts:
                 c[layer] = None  # each part's layer is freed once joined
             mx.eval(joined[-1].state)
@@ -286,11 +281,7 @@ class DecodeBatch:
         if self.steps % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
         if any(len(r.tokens) + 1 < r.budget for r in self.rows):
-            net = self.net
-            hidden = net.model(net.model.embed_tokens(self.y[:, None]), cache=self.cache)
-            next_logits = net.logits(hidden[:, -1, :])
-            next_y = mx.argmax(next_logits, axis=-1)
-            next_scores = chosen_scores(next_logits, next_y, self.header.none)
+            next_y, next_logits, next_scores = self._forward()
             mx.async_eval(next_y, next_scores)
         finished, still = [], []
         language = self.header.language
@@ -322,6 +313,33 @@ class DecodeBatch:
             self.rows = [self.rows[i] for i in still]
         self.y, self.scores, self.logits = next_y, next_scores, next_logits
         return finished
+
+    def _forward(self) -> tuple[mx.array, mx.array, mx.array]:
+        """The next step's graph for every row: its tokens, logits and chosen_scores (model/step.py
+        compiled, or built eagerly where MLX cannot compile)."""
+        net, cache = self.net, self.cache
+        if not compiling():
+            hidden = net.model(net.model.embed_tokens(self.y[:, None]), cache=cache)
+            logits = net.logits(hidden[:, -1, :])
+            y = mx.argmax(logits, axis=-1)
+            return y, logits, chosen_scores(logits, y, self.header.none)
+        first = cache[0]
+        for c in cache:
+            c.reserve(1)
+        left_pad = first.left_pad if first.left_pad is not None else mx.zeros((len(self.rows),), mx.int32)
+        y, logits, scores, keys, values = compiled_step(net)(
+            self.y,
+            mx.array([first.prefix_len + first.offset], dtype=mx.int32),
+            left_pad,
+            mx.array(first.prefix_len, dtype=mx.int32),
+            mx.array(self.header.none, dtype=mx.int32),
+            [c.keys for c in cache],
+            [c.values for c in cache],
+        )
+        for c, k, v in zip(cache, keys, values):
+            c.keys, c.values = k, v
+            c.offset += 1
+        return y, logits, scores
 
     def drop(self, keys: set[Hashable]) -> None:
         """Remove these rows (their requests went away) without finishing them."""

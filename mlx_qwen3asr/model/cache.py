@@ -88,6 +88,16 @@ class KVCache:
         else:
             self.keys, self.values = grow_k, grow_v
 
+    @classmethod
+    def blocks(cls, positions: int) -> int:
+        """`positions` rounded up to whole steps of growth."""
+        return -(-int(positions) // cls.step) * cls.step
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` more positions after those held (a cache already written)."""
+        if self.keys is not None and self.prefix_len + self.offset + length > self.keys.shape[2]:
+            self._grow(self.keys.shape[0], length, self.keys, self.values)
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append (B, Hk, L, D) keys and values; returns every key and value a query now sees."""
         B, _, L, _ = keys.shape

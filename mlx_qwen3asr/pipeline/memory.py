@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.model.cache import KVCache
 
 # Share of the available memory that the batch's KV cache may take.
 MEMORY_FRACTION = 0.25
@@ -67,7 +68,7 @@ def rows_that_fit(
     n = 0
     for n, (prompt, tokens) in enumerate(rows, start=1):
         width, budget = max(width, prompt), max(budget, tokens)
-        if (count + n) * (shared + width + budget) * per_position > memory:
+        if (count + n) * (shared + KVCache.blocks(width + budget)) * per_position > memory:
             return n - 1 if count or n > 1 else 1
     return n
 
