@@ -164,5 +164,24 @@ def identity(path: Path) -> str:
     return key_of(path)
 
 
+TOKENIZER_DIR = REPO / "tools" / "published" / "tokenizer"
+
+
+def checkpoint(preset: str, layout: str = "release") -> Path:
+    """The random-weight checkpoint of a preset and layout (tools/make_checkpoint.py, seed 0), built once
+    and kept under a key of the tool's source, the published metadata and vocabulary, the preset,
+    layout and seed, and the numpy and safetensors versions (tests/conftest.py's `checkpoints`)."""
+    from tools.make_checkpoint import write_checkpoint
+
+    sources = (REPO / "tools" / "make_checkpoint.py", REPO / "tools" / "published", TOKENIZER_DIR)
+    tool = key_of(*sources, versions("numpy", "safetensors"))
+    return entry(
+        "checkpoints",
+        f"{preset}-{layout}",
+        key_of(tool, preset, layout, 0),
+        lambda out: write_checkpoint(out, preset, seed=0, layout=layout, tokenizer_dir=TOKENIZER_DIR),
+    )
+
+
 def as_json(value) -> str:
     return json.dumps(value, sort_keys=True)

@@ -57,20 +57,11 @@ def checkpoints(tokenizer_dir):
     run's workers, and later runs, share them. Never modify one in place: copy it first."""
     import cached
 
-    from tools.make_checkpoint import write_checkpoint
-
     made: dict[tuple[str, str], Path] = {}
-    sources = (REPO_ROOT / "tools" / "make_checkpoint.py", REPO_ROOT / "tools" / "published", tokenizer_dir)
-    tool = cached.key_of(*sources, cached.versions("numpy", "safetensors"))
 
     def get(preset: str, layout: str = "release") -> Path:
         if (preset, layout) not in made:
-            made[preset, layout] = cached.entry(
-                "checkpoints",
-                f"{preset}-{layout}",
-                cached.key_of(tool, preset, layout, 0),
-                lambda out: write_checkpoint(out, preset, seed=0, layout=layout, tokenizer_dir=tokenizer_dir),
-            )
+            made[preset, layout] = cached.checkpoint(preset, layout)
         return made[preset, layout]
 
     return get

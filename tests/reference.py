@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cached
+import golden
 import numpy as np
 import torch
 from official import official_module
@@ -69,13 +70,15 @@ def _processor(checkpoint: Path, fix_mistral_regex: bool = True):
 
 
 class _Cached:
-    """The official model for one checkpoint, loaded only when a result is not on disk already
-    (tests/cached.py: keyed by the checkpoint, this file's and official.py's source, the reference's
-    library versions and the inputs)."""
+    """The official model for one checkpoint, loaded only when a result is neither in the committed
+    golden data of a real-shape preset (tests/golden.py; `preset` names the checkpoint's) nor on disk
+    already (tests/cached.py: keyed by the checkpoint, this file's and official.py's source, the
+    reference's library versions and the inputs)."""
 
-    def __init__(self, checkpoint: str | Path):
+    def __init__(self, checkpoint: str | Path, preset: str | None = None):
         self.checkpoint = Path(checkpoint)
         self.modeling = official_module("core.transformers_backend.modeling_qwen3_asr")
+        self.golden = golden.Store(preset, self.checkpoint) if preset in golden.PRESETS else None
 
     @functools.cached_property
     def _key(self) -> str:
@@ -117,6 +120,12 @@ class OfficialReference(_Cached):
             text=[self.prompt_text(context, language)], audio=[wav], return_tensors="pt", padding=True
         )
 
+    @staticmethod
+    def features(inputs) -> tuple[list[int], np.ndarray]:
+        """(prompt ids, mel features of the audio's frames) of the processor's output."""
+        frames = int(inputs["feature_attention_mask"].sum())
+        return inputs["input_ids"][0].tolist(), inputs["input_features"][0, :, :frames].numpy()
+
     @contextlib.contextmanager
     def windowed(self, enabled: bool = True):
         """Give the encoder's attention the official block-diagonal window mask while active."""
@@ -139,6 +148,9 @@ class OfficialReference(_Cached):
             attention.forward = original
 
     def encode(self, mel: np.ndarray, windowed: bool = True) -> np.ndarray:
+        served = self.golden.encode(mel, windowed) if self.golden else None
+        if served is not None:
+            return served
         return self._kept("encode", lambda: {"out": self._encode(mel, windowed)}, mel, windowed)["out"]
 
     @torch.no_grad()
@@ -153,6 +165,9 @@ class OfficialReference(_Cached):
         self, wav: np.ndarray, context: str = "", language: str | None = None, steps: int = 32
     ) -> ReferenceRun:
         """One official greedy `generate` call; the encoder output is captured on the way."""
+        served = self.golden.run(self, wav, context, language, steps) if self.golden else None
+        if served is not None:
+            return served
         kept = self._kept(
             "run", lambda: vars(self._run(wav, context, language, steps)), wav, context, language, steps
         )
@@ -168,7 +183,6 @@ class OfficialReference(_Cached):
     @torch.no_grad()
     def _run(self, wav: np.ndarray, context: str, language: str | None, steps: int) -> ReferenceRun:
         inputs = self.inputs(wav, context, language)
-        frames = int(inputs["feature_attention_mask"].sum())
         captured = []
         hook = self.model.thinker.audio_tower.register_forward_hook(
             lambda module, args, output: captured.append(output.last_hidden_state.numpy().copy())
@@ -186,9 +200,10 @@ class OfficialReference(_Cached):
             hook.remove()
         prompt_len = inputs["input_ids"].shape[1]
         logits = torch.cat(list(out.logits), dim=0).float().numpy()
+        ids, mel = self.features(inputs)
         return ReferenceRun(
-            input_ids=inputs["input_ids"][0].tolist(),
-            mel=inputs["input_features"][0, :, :frames].numpy(),
+            input_ids=ids,
+            mel=mel,
             encoder=captured[0],
             prefill_logits=logits[0],
             step_logits=logits,
@@ -249,6 +264,9 @@ class OfficialAligner(_Cached):
         self, wav: np.ndarray, words: list[str], qwen_split: bool = False
     ) -> tuple[list[int], np.ndarray, np.ndarray]:
         """(input ids, class at every timestamp position, logits there) for one sample."""
+        served = self.golden.align(self, wav, words, qwen_split) if self.golden else None
+        if served is not None:
+            return served
 
         def compute() -> dict[str, np.ndarray]:
             ids, classes, logits = self._run(wav, words, qwen_split)
@@ -257,14 +275,17 @@ class OfficialAligner(_Cached):
         kept = self._kept("run", compute, wav, list(words), qwen_split)
         return kept["ids"].tolist(), kept["classes"], kept["logits"]
 
+    def inputs(self, wav: np.ndarray, words: list[str], qwen_split: bool = False):
+        text = "<|audio_start|><|audio_pad|><|audio_end|>" + "<timestamp><timestamp>".join(words)
+        text += "<timestamp><timestamp>"
+        processor = self.qwen_split_processor if qwen_split else self.processor
+        return processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
+
     @torch.no_grad()
     def _run(
         self, wav: np.ndarray, words: list[str], qwen_split: bool
     ) -> tuple[list[int], np.ndarray, np.ndarray]:
-        text = "<|audio_start|><|audio_pad|><|audio_end|>" + "<timestamp><timestamp>".join(words)
-        text += "<timestamp><timestamp>"
-        processor = self.qwen_split_processor if qwen_split else self.processor
-        inputs = processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
+        inputs = self.inputs(wav, words, qwen_split)
         with self.windowed():
             logits = self.model.thinker(**inputs).logits[0]
         ids = inputs["input_ids"][0]
