@@ -15,7 +15,7 @@ import numpy as np
 from mlx_qwen3asr.model.cache import KVCache
 from mlx_qwen3asr.model.prefill import Prefix, prefill_padded
 from mlx_qwen3asr.model.qwen3asr import Qwen3ASR
-from mlx_qwen3asr.model.step import chosen_scores, compiled_step, compiling
+from mlx_qwen3asr.model.step import attended, chosen_scores, compiled_step, compiling
 from mlx_qwen3asr.runtime.device import tuning
 
 # A pattern of up to MAX_PERIOD tokens repeated REPEAT_THRESHOLD times in a row is a runaway loop.
@@ -333,6 +333,7 @@ class DecodeBatch:
             left_pad,
             mx.array(first.prefix_len, dtype=mx.int32),
             mx.array(self.header.none, dtype=mx.int32),
+            mx.arange(attended(first.prefix_len + first.offset + 1, first.keys.shape[2]), dtype=mx.int32),
             [c.keys for c in cache],
             [c.values for c in cache],
         )

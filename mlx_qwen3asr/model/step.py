@@ -6,14 +6,16 @@ replays it, fusing the element-wise operations, so what the host pays per step n
 the model's depth. A trace is only valid for the shapes and the Python values it saw, so the step
 takes everything that changes between steps as arrays:
 
-- the cache as whole buffers of a fixed capacity (the prefix, then room for every row's positions,
-  grown in blocks of KVCache.step), written at `write` with `mx.slice_update`, attention running over
-  the whole capacity with the positions not yet written masked;
+- the cache as whole buffers of a fixed capacity (the prefix, then room for every row's positions to
+  its budget, in blocks of KVCache.step), written at `write` with `mx.slice_update`;
+- attention over the cache's first positions up to the query, rounded up to a block of
+  ATTEND_BLOCK (the length of the `key_index` input, so that it is part of the trace's shapes), the
+  positions not yet written masked: the work past the query stays under one block;
 - the write position, each row's left padding, the prefix's length and the " None" id as arrays.
 
-So a step is traced once per (rows, capacity, dtype) and replayed until rows join or leave or the
-capacity grows: the traces a run makes are bounded by its batch sizes and capacity blocks, however
-many steps it takes. The modules are the same as the eager step's; only the cache object differs
+So a step is traced once per (rows, capacity, attended block, dtype) and replayed until rows join or
+leave or the attended length passes a block: the traces a run makes are bounded by its batch sizes
+and the blocks of its longest row, however many steps it takes. The modules are the same as the eager step's; only the cache object differs
 (StepCache here, KVCache there).
 
 Where MLX cannot compile (its CPU backend builds fused kernels with the system's C++ compiler), or
@@ -43,8 +45,9 @@ class StepCache:
     uses): whole-capacity keys and values, the write position and each row's rotary position as
     arrays, and the step's attention mask."""
 
-    def __init__(self, keys: mx.array, values: mx.array, write: mx.array, positions: mx.array, mask):
+    def __init__(self, keys, values, write: mx.array, positions: mx.array, mask: mx.array, attended: int):
         self.keys, self.values = keys, values
+        self.attended = attended
         self.write = write
         self.positions = positions
         self._mask = mask
@@ -55,13 +58,23 @@ class StepCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.keys = mx.slice_update(self.keys, keys, self.write, axes=(2,))
         self.values = mx.slice_update(self.values, values, self.write, axes=(2,))
-        return self.keys, self.values
+        return self.keys[..., : self.attended, :], self.values[..., : self.attended, :]
 
 
-def step_mask(capacity: int, write: mx.array, left_pad: mx.array, prefix_len: mx.array) -> mx.array:
-    """(rows, 1, 1, capacity) True where the query written at `write` may see a key: the prefix, and
-    each row's own positions up to its query (its left padding and the room not yet written hidden)."""
-    key = mx.arange(capacity)[None, :]
+# Attention in a compiled step runs over the cache's positions up to the query rounded up to this.
+ATTEND_BLOCK = 64
+
+
+def attended(positions: int, capacity: int) -> int:
+    """Positions a step attends over when `positions` (the query's included) are written."""
+    return min(capacity, -(-int(positions) // ATTEND_BLOCK) * ATTEND_BLOCK)
+
+
+def step_mask(key_index: mx.array, write: mx.array, left_pad: mx.array, prefix_len: mx.array) -> mx.array:
+    """(rows, 1, 1, len(key_index)) True where the query written at `write` may see a key: the prefix,
+    and each row's own positions up to its query (its left padding and the room not yet written
+    hidden). key_index: the positions attended, 0, 1, 2, ..."""
+    key = key_index[None, :]
     own = key >= prefix_len + left_pad[:, None]
     return ((key <= write) & ((key < prefix_len) | own))[:, None, None, :]
 
@@ -84,12 +97,13 @@ class Traces:
 def _step(model: weakref.ref) -> Callable:
     # The model is held weakly: the compiled function is kept for it (compiled_step) and must not keep
     # it alive; a trace runs only while it lives.
-    def step(y, write, left_pad, prefix_len, none, keys, values):
+    def step(y, write, left_pad, prefix_len, none, key_index, keys, values):
         Traces.count += 1
         net = model()
-        mask = step_mask(keys[0].shape[2], write, left_pad, prefix_len)
+        mask = step_mask(key_index, write, left_pad, prefix_len)
         positions = write - left_pad  # the prefix's length plus the row's own positions before this one
-        caches = [StepCache(k, v, write, positions, mask) for k, v in zip(keys, values)]
+        span = key_index.shape[0]
+        caches = [StepCache(k, v, write, positions, mask, span) for k, v in zip(keys, values)]
         hidden = net.model(net.model.embed_tokens(y[:, None]), cache=caches)
         logits = net.logits(hidden[:, -1, :])
         next_y = mx.argmax(logits, axis=-1)
@@ -152,4 +166,14 @@ def compiled_step(net: Qwen3ASR) -> Callable:
     return call
 
 
-__all__ = ["ENV", "StepCache", "Traces", "chosen_scores", "compiled_step", "compiling", "step_mask"]
+__all__ = [
+    "ATTEND_BLOCK",
+    "ENV",
+    "StepCache",
+    "Traces",
+    "attended",
+    "chosen_scores",
+    "compiled_step",
+    "compiling",
+    "step_mask",
+]
