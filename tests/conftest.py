@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# Several test processes share the machine's cores (pytest -n N): each one's BLAS threads (OpenBLAS's,
+# torch's) get its share of the cores rather than all of them, so that one process's waiting threads
+# never spin on a core another needs. Set before OpenBLAS and torch load: they read it once.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_name, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 # Imported before any test module imports mlx: the package loads OpenBLAS for MLX's CPU backend only
 # if it comes first (mlx_qwen3asr.runtime.cpu); otherwise every MLX product runs on the slow bundled BLAS.

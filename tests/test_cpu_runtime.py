@@ -31,6 +31,21 @@ def test_openblas_is_loaded_when_installed():
 
 
 @linux_only
+def test_parallel_test_processes_share_the_cores_between_their_blas_threads():
+    """Under pytest -n N each test process's OpenBLAS runs cpu_count // N threads (tests/conftest.py)."""
+    if not openblas_installed():
+        pytest.fail("OpenBLAS is not installed: the suite needs it (see the README)")
+    lib = ctypes.CDLL(_cpu.loaded)
+    lib.openblas_get_num_threads.restype = ctypes.c_int
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    expected = int(os.environ["OPENBLAS_NUM_THREADS"]) if "OPENBLAS_NUM_THREADS" in os.environ else None
+    if workers > 1:
+        assert expected == max(1, (os.cpu_count() or 1) // workers)
+    if expected is not None:
+        assert lib.openblas_get_num_threads() == expected
+
+
+@linux_only
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt tuning is glibc's")
 def test_malloc_is_tuned_by_the_commands_not_by_an_import_and_can_be_turned_off():
     def tuned(code: str, **env: str) -> str:
