@@ -20,16 +20,18 @@ from mlx_qwen3asr.cli.options import (
     add_speech_detection,
     add_word_timing,
     int_in,
+    moot,
     number_in,
     span,
 )
 from mlx_qwen3asr.cli.stdio import STDIN
+from mlx_qwen3asr.cli.watch import WATCH_INTERVAL, WATCH_INTERVAL_RANGE
 from mlx_qwen3asr.outputs.cue_types import CueOptions
 from mlx_qwen3asr.outputs.render import HIGHLIGHT_STYLES
 from mlx_qwen3asr.pipeline.inputs import DEFAULT_MAX_SEGMENT_SECONDS
 from mlx_qwen3asr.runtime.device import tuning
 
-__all__ = ["build_parser"]
+__all__ = ["build_parser", "refuse_moot"]
 
 # Limits of the numeric options. A segment must hold at least one 100-frame (1 s) mel chunk; at
 # 1200 s (the official pipeline's longest input) its audio tokens and token budget still fit well
@@ -72,12 +74,20 @@ examples:
   mlxasr meeting.m4a --diarize --srt --rttm --speaker-names "Ana,Bo"
 
 existing outputs:
-  An existing output file is never replaced unless --overwrite is given. A file whose requested
-  outputs all exist is skipped (said so if the input is newer than them); one with some of them
-  missing is transcribed and only the missing ones are written, the others are kept and named.
+  An existing output file is never replaced unless --overwrite is given (or --watch sees its input
+  change). A file whose requested outputs all exist is skipped (said so if the input is newer than
+  them); one with some of them missing is transcribed and only the missing ones are written, the
+  others are kept and named.
   An output that appears while its file is being transcribed is kept too. A run with --overwrite
   marks each file to replace with a hidden ".NAME.mlxasr-redo" beside its outputs until it has: if
   it is stopped, a rerun without --overwrite redoes the marked files and skips the finished ones.
+
+watching folders (--watch):
+  mlxasr ./inbox --srt --watch does the run above, then looks at ./inbox every second
+  (--watch-interval) and transcribes each new audio file once its size and time are unchanged over
+  two looks (a file still being copied in is not read), with the model kept loaded; a file is never
+  transcribed twice. One that changes after it was handled is transcribed again and its outputs
+  replaced; one that failed waits until it changes. Ctrl-C or SIGTERM ends the watch.
 
 exit status:
   {EXIT_OK}    every file was transcribed, or skipped because its outputs exist
@@ -94,6 +104,21 @@ exit status:
 
 The model is loaded only when there is something to transcribe; the default model can be set
 with the {MODEL_ENV} environment variable."""
+
+
+def refuse_moot(parser: argparse.ArgumentParser, args: argparse.Namespace, subtitles: bool) -> None:
+    """Usage errors (options.moot) for options that others make moot: --aligner with
+    --no-word-timestamps, a subtitle cue option without --srt or --vtt, --highlight-style without
+    --highlight-words, --watch-interval without --watch (--vad-threshold and the speaker options are
+    checked with their kind)."""
+    if args.word_timestamps is False and args.aligner is not None:
+        moot(parser, "--aligner", "with --no-word-timestamps (words are not timed)")
+    if not subtitles and args.cue_options_given:
+        moot(parser, args.cue_options_given[0], "without --srt or --vtt (only subtitles are cut into cues)")
+    if "--highlight-style" in args.cue_options_given and not args.highlight_words:
+        moot(parser, "--highlight-style", "without --highlight-words")
+    if args.watch_interval is not None and not args.watch:
+        moot(parser, "--watch-interval", "without --watch")
 
 
 class _CueOption(argparse.Action):
@@ -167,7 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--version", action="version", version=f"mlxasr {__version__}")
 
     out = p.add_argument_group("more output")
-    out.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
+    once = out.add_mutually_exclusive_group()
+    once.add_argument("--dry-run", action="store_true", help="list what would be done, and do nothing")
+    once.add_argument(
+        "--watch",
+        action="store_true",
+        help="after the first pass, keep polling the PATHs and transcribe each new or changed audio file "
+        "once it has stopped growing, the model kept loaded; Ctrl-C stops",
+    )
+    out.add_argument(
+        "--library",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="also file each transcript, with its audio, in the transcript library (DIR; default: "
+        "$MLXASR_LIBRARY, else the user's data folder); see mlxasr library",
+    )
+    out.add_argument(
+        "--watch-interval",
+        type=number_in(WATCH_INTERVAL_RANGE),
+        default=None,
+        metavar="S",
+        help=f"seconds between two looks with --watch; a file is taken once it is unchanged over two looks "
+        f"({span(WATCH_INTERVAL_RANGE)}; default: {WATCH_INTERVAL:g})",
+    )
 
     add_word_timing(model)
 

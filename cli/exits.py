@@ -15,7 +15,7 @@ from collections.abc import Callable
 from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_status
 from mlx_qwen3asr.cli.signals import Terminated
 
-__all__ = ["stopped"]
+__all__ = ["status_of", "stopped"]
 
 
 def stopped(
@@ -42,4 +42,15 @@ def stopped(
         return EXIT_INTERRUPTED
     except Terminated:
         print(f"{prog}: terminated{after}", file=sys.stderr)
+        return EXIT_TERMINATED
+
+
+def status_of(body: Callable[[], int]) -> int:
+    """body()'s exit status, or that of the Ctrl-C (130) or SIGTERM (143) that stopped it, said by the
+    caller (a folder run's summary says it; stopped() says it for a command)."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Terminated:
         return EXIT_TERMINATED

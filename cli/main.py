@@ -6,9 +6,10 @@ The command's entry. Its first argument may name a subcommand:
     mlxasr convert ...   MLX checkpoints from any Qwen3-ASR release (mlx_qwen3asr.cli.convert)
     mlxasr align ...     time a transcript the user already has (mlx_qwen3asr.cli.align)
     mlxasr live ...      live transcription of the microphone, a stream or a file (mlx_qwen3asr.cli.live)
+    mlxasr library ...   the transcript library: list, search, export, import (mlx_qwen3asr.cli.library)
 
 anything else is a folder run (mlx_qwen3asr.cli.run), transcription being the default. A first argument
-`serve`, `convert`, `align` or `live` always means the subcommand, whatever exists on disk: a file or
+`serve`, `convert`, `align`, `library` or `live` always means the subcommand, whatever exists on disk: a file or
 folder of that name is transcribed as `./serve` (`./convert`, `./align`, `./live`). Ctrl-C and SIGTERM
 stop every command cleanly.
 """
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from mlx_qwen3asr import tune_malloc
-from mlx_qwen3asr.cli import align, convert, live, serve
+from mlx_qwen3asr.cli import align, convert, library, live, serve
 from mlx_qwen3asr.cli.arguments import build_parser
 from mlx_qwen3asr.cli.exits import stopped
 from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED
@@ -31,7 +32,7 @@ from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 __all__ = ["SUBCOMMANDS", "build_parser", "entry", "main"]
 
 # The subcommands, by the first argument that names them.
-SUBCOMMANDS = ("align", "convert", "live", "serve")
+SUBCOMMANDS = ("align", "convert", "library", "live", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +62,8 @@ def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
             return align.main(args_list[1:])
         if command == "live":
             return live.main(args_list[1:])
+        if command == "library":
+            return library.main(args_list[1:])
         parser = build_parser()
         # A stop that run() does not handle comes before any file is being transcribed (walking folders).
         return stopped("mlxasr", lambda: run(parser, parser.parse_args(args_list), sys.stdout, sys.stderr))

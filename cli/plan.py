@@ -1,6 +1,7 @@
 """What a folder run will do, decided before the model is loaded: for each input, transcribe it, skip it
 (its outputs exist) or fail it (its outputs cannot be written); the --dry-run listing of that; and the
-output folders made ready, our temporary files left by a killed run cleaned out of them."""
+output folders made ready, our temporary files left by a killed run cleaned out of them, and standard
+input copied to the file it is read from."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import TextIO
 
 from mlx_qwen3asr.cli.options import EXIT_FAILED, EXIT_OK
 from mlx_qwen3asr.cli.reporter import Reporter, Summary
+from mlx_qwen3asr.cli.stdio import StdinInput, spill_stdin
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
+    InputFile,
     existing_outputs,
     output_problem,
     outputs_older_than_input,
@@ -22,7 +25,16 @@ from mlx_qwen3asr.outputs.folder import (
     remove_stale_temporaries,
 )
 
-__all__ = ["Plan", "dry_run", "path_list", "plan_file", "prepare_folders", "remove_created", "use_overwrite"]
+__all__ = [
+    "Plan",
+    "dry_run",
+    "path_list",
+    "plan_file",
+    "prepare_folders",
+    "read_stdin",
+    "remove_created",
+    "use_overwrite",
+]
 
 
 @dataclass
@@ -128,3 +140,23 @@ def remove_created(created: list[Path]) -> None:
     for folder in reversed(created):
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+def read_stdin(
+    todo: list[FileJob], stdin_input: InputFile, stdin: StdinInput | None, report: Reporter, summary: Summary
+) -> list[FileJob]:
+    """Copy standard input to its temporary file when it is to be transcribed; the jobs left to do (its
+    job fails, with one line, when nothing came or the copy cannot be made)."""
+    job = next((j for j in todo if j.input is stdin_input), None)
+    if job is None or stdin is None:
+        return todo
+    try:
+        job.source = spill_stdin(stdin.folder)
+        reason = None if job.source.stat().st_size else "nothing was written to standard input"
+    except OSError as e:
+        reason = f"cannot copy standard input to {stdin.folder} ({(e.strerror or str(e)).lower()})"
+    if reason is None:
+        return todo
+    summary.failed.append((str(job.path), reason))
+    report.error(f"{job.path}: {reason}")
+    return [j for j in todo if j is not job]

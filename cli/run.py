@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -15,6 +16,7 @@ from typing import TextIO
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import estimate_duration
 from mlx_qwen3asr.audio.signal import is_silent
+from mlx_qwen3asr.cli.arguments import refuse_moot
 from mlx_qwen3asr.cli.diarizing import (
     Diarization,
     DiarizeQueue,
@@ -26,7 +28,9 @@ from mlx_qwen3asr.cli.diarizing import (
     turn_warnings,
 )
 from mlx_qwen3asr.cli.diarizing import failure as diarize_failure
-from mlx_qwen3asr.cli.loading import load_in_order, untimed
+from mlx_qwen3asr.cli.exits import status_of
+from mlx_qwen3asr.cli.library import filing
+from mlx_qwen3asr.cli.loading import Loaded, load_in_order, untimed
 from mlx_qwen3asr.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -36,7 +40,6 @@ from mlx_qwen3asr.cli.options import (
     RTTM,
     check_vad,
     chosen_formats,
-    moot,
     vad_options,
 )
 from mlx_qwen3asr.cli.plan import (
@@ -44,12 +47,20 @@ from mlx_qwen3asr.cli.plan import (
     path_list,
     plan_file,
     prepare_folders,
+    read_stdin,
     remove_created,
     use_overwrite,
 )
 from mlx_qwen3asr.cli.reporter import Reporter, Summary, printable
-from mlx_qwen3asr.cli.signals import Terminated
-from mlx_qwen3asr.cli.stdio import STDIN, STDIN_NAME, StdinInput, problem_line, spill_stdin, stdin_problem
+from mlx_qwen3asr.cli.stdio import (
+    STDIN,
+    STDIN_NAME,
+    StdinInput,
+    print_transcript,
+    problem_line,
+    stdin_problem,
+)
+from mlx_qwen3asr.cli.watch import Watch
 from mlx_qwen3asr.outputs.cue_types import CueOptions
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
@@ -70,12 +81,14 @@ from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.text.context import ContextError, check_context, read_context_file
 from mlx_qwen3asr.text.languages import resolve_language
 
-__all__ = ["run"]
+__all__ = ["Finished", "Session", "run"]
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if RTTM in chosen_formats(args, None):  # speaker turns are what diarization gives
         args.diarize = True
+    if args.watch and STDIN in args.paths:
+        parser.error(f"argument --watch: standard input ({STDIN}) cannot be watched; give folders or files")
     problem = stdin_problem(args.paths, chosen_formats(args), args.output_dir)
     if problem is not None:
         parser.error(f"argument PATH: {problem}")
@@ -120,7 +133,7 @@ def _run(
         max_words_per_line=args.max_words_per_line,
     )
     subtitles = bool({"srt", "vtt"} & set(formats))
-    _refuse_moot(parser, args, subtitles)
+    refuse_moot(parser, args, subtitles)
     if args.word_timestamps is None:
         # Timing words matters for subtitles, not for a transcript; speakers change between words.
         args.word_timestamps = subtitles or args.diarize
@@ -152,12 +165,15 @@ def _run(
     summary = Summary()
     paths = [p for p in args.paths if p != STDIN]
     inputs, input_errors = find_inputs(paths)
+    watch = Watch.of(args, paths, formats, report, summary) if args.watch else None
+    if watch is not None:  # their state before the first pass reads them
+        watch.start(inputs, input_errors)
     for problem in input_errors:
         report.error(str(problem))
         summary.failed.append((problem.path, problem.reason))
     if stdin is None and not any(os.path.lexists(p) for p in paths):
         return EXIT_USAGE
-    if not inputs and not input_errors and stdin is None:  # a refused input has had its own line
+    if not inputs and not input_errors and stdin is None and watch is None:  # a refused input: its own line
         report.warning("no audio or video files found in " + ", ".join(map(str, paths)))
     stdin_input = InputFile(Path(STDIN_NAME))
     if stdin is not None:
@@ -196,7 +212,13 @@ def _run(
 
     status = EXIT_OK
     resumable = True  # a rerun without --overwrite picks up where this run stops
-    todo = _read_stdin(todo, stdin_input, stdin, report, summary)
+    todo = read_stdin(todo, stdin_input, stdin, report, summary)
+    file_in = filing(args, options, report.error)
+    if isinstance(file_in, int):
+        return file_in
+    session = Session(
+        args, options, report, summary, diarization, finished=file_in, watching=watch is not None
+    )
     if todo:
         created: list[Path] = []
         todo, writable = prepare_folders(todo, report, summary, created)
@@ -209,21 +231,18 @@ def _run(
             replacing = {id(plan.job) for plan in plans if plan.replace}
             marked = [job for job in todo if id(job) in replacing and not redo_pending(job)]
             resumable = all([mark_redo(job) for job in todo if id(job) in replacing])
-        try:
-            status = _transcribe_all(todo, args, options, report, summary, diarization)
-        except KeyboardInterrupt:
-            status = EXIT_INTERRUPTED
-        except Terminated:
-            status = EXIT_TERMINATED
-        finally:
-            report.stop()
+        status = status_of(lambda: session.transcribe(todo))
         if status == EXIT_USAGE:  # stopped before any file was transcribed: leave things as they were
             for job in marked:
                 clear_redo(job)
             remove_created(created)
             return status
+    if watch is not None and status == EXIT_OK:
+        status = status_of(lambda: watch.run(session.transcribe))
+        if status == EXIT_USAGE:  # the models could not be loaded for the first file to transcribe
+            return status
     summary.interrupted = status in (EXIT_INTERRUPTED, EXIT_TERMINATED)
-    summary.remaining = len(todo) - summary.processed
+    summary.remaining = session.handed - summary.processed
     summary.wall_seconds = time.monotonic() - started
     if summary.interrupted:
         if not args.overwrite:
@@ -235,151 +254,161 @@ def _run(
         report.write(err, f"mlxasr: interrupted; finished files are kept, {resume}")
     report.summary(summary)
     if stdin is not None and stdin.to_stdout and summary.done:
-        _print_transcript(next(iter(jobs[-1].outputs.values())), transcript)
+        print_transcript(next(iter(jobs[-1].outputs.values())), transcript)
     if summary.interrupted:
         return status
     return EXIT_FAILED if summary.failed else EXIT_OK
 
 
-def _refuse_moot(parser: argparse.ArgumentParser, args: argparse.Namespace, subtitles: bool) -> None:
-    """Usage errors (options.moot) for options that others make moot: --aligner with
-    --no-word-timestamps, a subtitle cue option without --srt or --vtt, --highlight-style without
-    --highlight-words (--vad-threshold and the speaker options are checked with their kind)."""
-    if args.word_timestamps is False and args.aligner is not None:
-        moot(parser, "--aligner", "with --no-word-timestamps (words are not timed)")
-    if not subtitles and args.cue_options_given:
-        moot(parser, args.cue_options_given[0], "without --srt or --vtt (only subtitles are cut into cues)")
-    if "--highlight-style" in args.cue_options_given and not args.highlight_words:
-        moot(parser, "--highlight-style", "without --highlight-words")
+# What runs after a file's outputs are written, with its job and its result (Session.finished).
+Finished = Callable[[FileJob, InputResult], None]
 
 
-def _transcribe_all(
-    todo: list[FileJob],
-    args: argparse.Namespace,
-    options: TranscribeOptions,
-    report: Reporter,
-    summary: Summary,
-    diarization: Diarization | None = None,
-) -> int:
-    t0 = time.monotonic()
+class Session:
+    """A run's models, loaded for its first file to transcribe and kept for every later pass (--watch
+    brings more files). Each transcribe() transcribes files in shared batches and writes each one's
+    outputs as soon as it is done; then finished(job, result), where given, is told of it.
 
-    def context_fits(model) -> bool:
-        try:
-            if options.context:  # length and control tokens need the tokenizer
-                check_context(model.tokenizer, options.context)
-        except ContextError as e:
-            where = f"--context-file {args.context_file}" if args.context_file is not None else "--context"
-            report.error(f"{where}: {e}")
+    watching: a file that is gone when it fails was removed before it could be read; it is dropped
+    without an error (the watch saw it, a rerun would not)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        options: TranscribeOptions,
+        report: Reporter,
+        summary: Summary,
+        diarization: Diarization | None = None,
+        *,
+        finished: Finished | None = None,
+        watching: bool = False,
+    ) -> None:
+        self.args, self.options, self.report, self.summary = args, options, report, summary
+        self.diarization, self.finished, self.watching = diarization, finished, watching
+        self.loaded: Loaded | None = None
+        self.handed = 0  # files handed to transcribe(), over every pass
+
+    def _load(self) -> bool:
+        """Load the diarizer, model and aligner (load_in_order); False once the error is said."""
+        args, options, report = self.args, self.options, self.report
+
+        def context_fits(model) -> bool:
+            try:
+                if options.context:  # length and control tokens need the tokenizer
+                    check_context(model.tokenizer, options.context)
+            except ContextError as e:
+                where = (
+                    f"--context-file {args.context_file}" if args.context_file is not None else "--context"
+                )
+                report.error(f"{where}: {e}")
+                return False
+            return True
+
+        self.loaded = load_in_order(
+            args,
+            report,
+            diarization=self.diarization,
+            aligner=untimed(chosen_formats(args)) if options.word_timestamps else None,
+            model_loaded=context_fits,
+        )
+        if self.loaded is None:
             return False
+        if self.loaded.aligner is not None:
+            aligner = self.loaded.aligner
+            self.options = replace(options, aligner=None if aligner.model is None else aligner.source)
         return True
 
-    loaded = load_in_order(
-        args,
-        report,
-        diarization=diarization,
-        aligner=untimed(chosen_formats(args)) if options.word_timestamps else None,
-        model_loaded=context_fits,
-    )
-    if loaded is None:
-        return EXIT_USAGE
-    diarizer, model, aligner = loaded.diarizer, loaded.model, None
-    if loaded.aligner is not None:
-        aligner = loaded.aligner.model
-        options = replace(options, aligner=None if aligner is None else loaded.aligner.source)
-    loaded_seconds = time.monotonic() - t0
+    def transcribe(self, todo: list[FileJob]) -> int:
+        """Transcribe todo and write each file's outputs; EXIT_OK, or EXIT_USAGE when the models could
+        not be loaded (said on one line). The progress bar is gone when it returns."""
+        try:
+            return self._transcribe(todo)
+        finally:
+            self.report.stop()
 
-    estimates = [estimate_duration(j.audio) for j in todo]
-    # With speakers told apart, each file is diarized on a worker thread while the engine transcribes;
-    # the bar counts both passes, and a file is finished when both are.
-    speakers = None
-    if diarizer is not None:
-        # Diarized only where speech detection finds speech, as transcription is (--no-vad: all of it).
-        speakers = DiarizeQueue(diarizer, diarization.options, vad=options.vad or None)
-        for index, job in enumerate(todo):
-            speakers.submit(index, job.audio, estimates[index])
-    report.start(estimates, stages=2 if speakers is not None else 1)
-    report.batch_started(
-        len(todo),
-        args.batch_size,
-        loaded_seconds=loaded_seconds,
-        aligner=options.aligner,
-        diarizer=diarizer_source(args.diarizer) or "the default diarizer" if speakers is not None else None,
-    )
-    started = time.monotonic()
+    def _transcribe(self, todo: list[FileJob]) -> int:
+        args, report, summary = self.args, self.report, self.summary
+        self.handed += len(todo)  # a stop while the models load leaves them all unfinished
+        loaded_seconds = None
+        if self.loaded is None:
+            t0 = time.monotonic()
+            if not self._load():
+                return EXIT_USAGE
+            loaded_seconds = time.monotonic() - t0
+        loaded, options, diarization = self.loaded, self.options, self.diarization
+        aligner = None if loaded.aligner is None else loaded.aligner.model
 
-    def settle(res: InputResult, outcome: Outcome | None) -> None:
-        job = todo[res.index]
-        reason = _finish_one(job, res, args, options, report, summary, diarization, outcome)
-        summary.processed += 1
-        seconds = None if reason is not None else res.transcription.duration
-        if reason is not None:
-            summary.failed.append((str(job.path), reason))
-            report.error(f"{job.path}: {reason}")
-        else:
-            summary.done += 1
-            summary.audio_seconds += seconds
-            summary.work_seconds = time.monotonic() - started
-        # Failed files take their place in the count as visibly as finished ones.
-        report.file_finished(summary.processed, len(todo), res.index, seconds, job.path)
+        estimates = [estimate_duration(j.audio) for j in todo]
+        # With speakers told apart, each file is diarized on a worker thread while the engine transcribes;
+        # the bar counts both passes, and a file is finished when both are.
+        speakers = None
+        if loaded.diarizer is not None:
+            # Diarized only where speech detection finds speech, as transcription is (--no-vad: all of it).
+            speakers = DiarizeQueue(loaded.diarizer, diarization.options, vad=options.vad or None)
+            for index, job in enumerate(todo):
+                speakers.submit(index, job.audio, estimates[index])
+        report.start(estimates, stages=2 if speakers is not None else 1)
+        if loaded_seconds is not None:  # once, for the pass that loaded the models
+            report.batch_started(
+                len(todo),
+                args.batch_size,
+                loaded_seconds=loaded_seconds,
+                aligner=options.aligner,
+                diarizer=diarizer_source(args.diarizer) or "the default diarizer"
+                if speakers is not None
+                else None,
+            )
+        started = time.monotonic() - summary.work_seconds  # the speed counts every pass's work
 
-    pairs = SpeakerPairs(speakers, report.progress, report.diarizing) if speakers is not None else None
-    stream = transcribe_stream(
-        model,
-        [j.audio for j in todo],
-        language=options.language,
-        context=options.context,
-        max_segment_seconds=options.max_segment_seconds,
-        batch_size=args.batch_size,  # None: each batch sized from its segments and the free memory
-        skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
-        vad=options.vad or False,
-        on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
-        on_progress=report.progress if pairs is None else pairs.progress,
-        aligner=aligner,
-    )
-    try:
-        for res in stream:
-            if pairs is None:
-                settle(res, None)
-                continue
-            for done, outcome in pairs.add(res):
-                settle(done, outcome)
-        if pairs is not None:
-            for done, outcome in pairs.rest():
-                settle(done, outcome)
-    finally:
-        stream.close()
-        if pairs is not None:
-            pairs.close()  # after Ctrl-C the file being diarized is not waited for
-    return EXIT_OK
+        def settle(res: InputResult, outcome: Outcome | None) -> None:
+            job = todo[res.index]
+            reason = _finish_one(job, res, args, options, report, summary, diarization, outcome)
+            if reason is not None and self.watching and not os.path.lexists(job.path):
+                self.handed -= 1  # removed before it was read: dropped without an error
+                return
+            summary.processed += 1
+            seconds = None if reason is not None else res.transcription.duration
+            if reason is not None:
+                summary.failed.append((str(job.path), reason))
+                report.error(f"{job.path}: {reason}")
+            else:
+                summary.done += 1
+                summary.audio_seconds += seconds
+                summary.work_seconds = time.monotonic() - started
+            # Failed files take their place in the count as visibly as finished ones.
+            report.file_finished(summary.processed, self.handed, res.index, seconds, job.path)
+            if reason is None and self.finished is not None:
+                self.finished(job, res)
 
-
-def _read_stdin(
-    todo: list[FileJob], stdin_input: InputFile, stdin: StdinInput | None, report: Reporter, summary: Summary
-) -> list[FileJob]:
-    """Copy standard input to its temporary file when it is to be transcribed; the jobs left to do."""
-    job = next((j for j in todo if j.input is stdin_input), None)
-    if job is None or stdin is None:
-        return todo
-    try:
-        job.source = spill_stdin(stdin.folder)
-        reason = None if job.source.stat().st_size else "nothing was written to standard input"
-    except OSError as e:
-        reason = f"cannot copy standard input to {stdin.folder} ({(e.strerror or str(e)).lower()})"
-    if reason is None:
-        return todo
-    summary.failed.append((str(job.path), reason))
-    report.error(f"{job.path}: {reason}")
-    return [j for j in todo if j is not job]
-
-
-def _print_transcript(path: Path, out: TextIO) -> None:
-    """Write an output written for standard output there, as it is."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return
-    out.write(text)
-    out.flush()
+        pairs = SpeakerPairs(speakers, report.progress, report.diarizing) if speakers is not None else None
+        stream = transcribe_stream(
+            loaded.model,
+            [j.audio for j in todo],
+            language=options.language,
+            context=options.context,
+            max_segment_seconds=options.max_segment_seconds,
+            batch_size=args.batch_size,  # None: each batch sized from its segments and the free memory
+            skip=is_silent,  # silent audio is not sent to the model (it would only invent text)
+            vad=options.vad or False,
+            on_segment=lambda index, seg: report.segment(seg, todo[index].path if len(todo) > 1 else None),
+            on_progress=report.progress if pairs is None else pairs.progress,
+            aligner=aligner,
+        )
+        try:
+            for res in stream:
+                if pairs is None:
+                    settle(res, None)
+                    continue
+                for done, outcome in pairs.add(res):
+                    settle(done, outcome)
+            if pairs is not None:
+                for done, outcome in pairs.rest():
+                    settle(done, outcome)
+        finally:
+            stream.close()
+            if pairs is not None:
+                pairs.close()  # after Ctrl-C the file being diarized is not waited for
+        return EXIT_OK
 
 
 def _write_error(e: OSError) -> str:

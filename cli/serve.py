@@ -24,6 +24,7 @@ from mlx_qwen3asr.cli.diarizing import (
     check_diarization,
 )
 from mlx_qwen3asr.cli.exits import stopped
+from mlx_qwen3asr.cli.library import add_library_options, open_library
 from mlx_qwen3asr.cli.loading import load_in_order
 from mlx_qwen3asr.cli.options import (
     ALIGNER_ENV,
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="audio a live session may have waiting for the model; more (sent faster than it is "
         f"transcribed) ends the session (default: {DEFAULT_MAX_LIVE_BUFFER_SECONDS:g})",
     )
+    add_library_options(p)
     add_batch_size(p, "from all requests", "")
     add_speech_detection(p)
     add_diarization(
@@ -340,8 +342,11 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
     except OSError as e:
         _error(f"cannot listen on {args.host}:{args.port} ({(e.strerror or str(e)).lower()})")
         return EXIT_USAGE
-    engine = speakers = diarizer = None
+    engine = speakers = diarizer = library = None
     try:
+        library = open_library(args, _error)
+        if isinstance(library, int):
+            return library
         loaded = _load_models(args, diarization)
         if isinstance(loaded, int):
             return loaded
@@ -374,6 +379,8 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
                 max_buffer_seconds=args.max_live_buffer_seconds,
             ),
             speakers=speakers,
+            library=library,
+            max_job_upload_bytes=int(args.max_job_upload_mb * 1024 * 1024),
         )
         limits = ConnectionLimits(
             header_timeout=args.header_timeout,
@@ -403,6 +410,8 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
             diarizer.close()
         if engine is not None and not exiting:
             engine.close()
+        if library is not None and not isinstance(library, int) and not exiting:
+            library.close()
 
 
 def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -19,6 +19,7 @@ __all__ = [
     "Say",
     "StdinInput",
     "open_closed_standard_streams",
+    "print_transcript",
     "problem_line",
     "spill_stdin",
     "stdin_problem",
@@ -107,6 +108,16 @@ class StdinInput:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def print_transcript(path: Path, out: TextIO) -> None:
+    """Write an output written for standard output there, as it is (nothing if it cannot be read)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return
+    out.write(text)
+    out.flush()
 
 
 def problem_line(prog: str, kind: str, text: str) -> str:

@@ -118,3 +118,12 @@ def _free_memory_between_files():
 
     gc.collect()
     mx.clear_cache()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _library_in_a_temporary_folder(tmp_path_factory):
+    """Commands that keep a transcript library (mlxasr serve, --library) keep it in the run's temporary
+    folder, never in the user's data folder."""
+    os.environ["MLXASR_LIBRARY"] = str(tmp_path_factory.mktemp("library"))
+    yield
+    os.environ.pop("MLXASR_LIBRARY", None)

@@ -61,13 +61,22 @@ def _options_named(text: str) -> set[str]:
 
 
 def test_every_option_the_readme_names_exists(capsys):
-    commands = {"": [], "serve": ["serve"], "convert": ["convert"], "align": ["align"], "live": ["live"]}
+    commands = {
+        "": [],
+        "serve": ["serve"],
+        "convert": ["convert"],
+        "align": ["align"],
+        "live": ["live"],
+        "library": ["library"],
+    }
     known = {name: _options_named(_help([*argv, "--help"], capsys)) for name, argv in commands.items()}
     sections = re.split(r"\n## ", README)
     unknown = []
     for section in sections:
         title = section.splitlines()[0]
-        command = next((c for c in ("serve", "convert", "align", "live") if f"mlxasr {c}" in title), "")
+        command = next(
+            (c for c in ("serve", "convert", "align", "live", "library") if f"mlxasr {c}" in title), ""
+        )
         for option in _options_named(section):
             if option not in known[command] and option not in known[""]:
                 unknown.append((title, option))
@@ -75,7 +84,7 @@ def test_every_option_the_readme_names_exists(capsys):
 
 
 def test_every_subcommand_the_readme_names_has_help(capsys):
-    named = set(re.findall(r"`mlxasr (serve|convert|align|live)\b", README))
-    assert named == {"serve", "convert", "align", "live"}
+    named = set(re.findall(r"`mlxasr (serve|convert|align|live|library)\b", README))
+    assert named == {"serve", "convert", "align", "live", "library"}
     for command in named:
         assert "usage:" in _help([command, "--help"], capsys)

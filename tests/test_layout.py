@@ -10,6 +10,7 @@ The flow is file -> samples -> pieces -> features -> encoder -> decoder -> text 
     pipeline      inputs, scheduler, word timing, engine, transcribe()
     diarize       speaker turns (speakrs) and who spoke each word and segment
     outputs       cues, rendering, folder runs (finding inputs, naming, resuming, writing)
+    library       the transcript library: SQLite store, search, revisions, jobs, exports
     serve         the HTTP server
     (package)     mlx_qwen3asr/__init__.py, the public API
     cli           the commands
@@ -35,6 +36,7 @@ LAYERS = [
     "pipeline",
     "diarize",
     "outputs",
+    "library",
     "serve",
     "",
     "cli",

@@ -71,8 +71,11 @@ class DiarizeJob:
     """One piece of audio queued for the diarizer: `future` gives its Outcome (cancelled, it gives none);
     cancel() drops it if it waits and stops it if it runs (nothing once it is done)."""
 
-    def __init__(self, queue: DiarizeQueue, key: Hashable, audio: Any, seconds: float) -> None:
+    def __init__(
+        self, queue: DiarizeQueue, key: Hashable, audio: Any, seconds: float, options: Any | None = None
+    ) -> None:
         self.key, self.audio = key, audio
+        self.options = options  # None: the queue's
         self.seconds = max(float(seconds), 0.0)  # the audio's length: as estimated, then as read
         self.given = self.seconds  # what the diarizer is given (its speech, where detection ran)
         self.future: Future[Outcome] = Future()
@@ -126,14 +129,17 @@ class DiarizeQueue:
 
     # -- submitting and cancelling --
 
-    def submit(self, key: Hashable, audio: Any, seconds: float = 0.0) -> DiarizeJob:
+    def submit(
+        self, key: Hashable, audio: Any, seconds: float = 0.0, options: Any | None = None
+    ) -> DiarizeJob:
         """Diarize audio (16 kHz samples, or what read reads) after the jobs already queued; seconds: its
         length as estimated (for the time left). key: what take(), wait(), outcome(), hurry() and
-        cancel() know it by (None: its future alone gives its outcome). RuntimeError once closed."""
+        cancel() know it by (None: its future alone gives its outcome). options: this job's
+        DiarizeOptions (None: the queue's). RuntimeError once closed."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the diarizer is closed")
-            job = DiarizeJob(self, key, audio, seconds)
+            job = DiarizeJob(self, key, audio, seconds, options)
             self._waiting.append(job)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="mlxasr-diarize", daemon=True)
@@ -346,7 +352,9 @@ class DiarizeQueue:
             if job.cancelled:
                 raise DiarizeCancelled("diarization was cancelled")
             log.debug("diarizing %.1f s of audio", seconds)
-            return Outcome(diarize_speech(self.diarizer, samples, self.options, speech), seconds)
+            return Outcome(
+                diarize_speech(self.diarizer, samples, job.options or self.options, speech), seconds
+            )
         except BaseException as e:  # one job's failure is that job's outcome
             if job.cancelled:
                 log.debug("a cancelled diarization stopped (%s)", type(e).__name__)

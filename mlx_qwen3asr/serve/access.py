@@ -196,15 +196,25 @@ class Guard:
     """Checks every request before anything else reads it: the Host header, the Origin of a browser's
     request (answering CORS preflights for the allowed ones), the API key, then a declared body size."""
 
-    def __init__(self, app: ASGIApp, *, access: Access, api_key: str | None, max_upload_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        access: Access,
+        api_key: str | None,
+        max_upload_bytes: int,
+        path_limits: dict[str, int] | None = None,
+    ) -> None:
+        """path_limits: the body limit of a path that takes more than max_upload_bytes (the library's jobs)."""
         self.app, self.access, self.api_key, self.max_upload_bytes = app, access, api_key, max_upload_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        limit = self.max_upload_bytes
+        limit = self.path_limits.get(scope.get("path", ""), self.max_upload_bytes)
         error = refusal(self.access, self.api_key, scope, limit=limit)
         origin = cross_origin(scope)
         if origin is not None and (error is None or error.code == "invalid_api_key"):  # an allowed origin
@@ -238,7 +248,7 @@ class Guard:
             status_code=204,
             headers={
                 "Access-Control-Allow-Origin": origin,
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE, OPTIONS",
                 "Access-Control-Allow-Headers": allowed,
                 "Access-Control-Max-Age": "600",
                 "Vary": "Origin",

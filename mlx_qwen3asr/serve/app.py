@@ -53,12 +53,14 @@ from starlette.types import ASGIApp
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import AudioTooLong, read_audio
 from mlx_qwen3asr.audio.signal import ArraySignal
+from mlx_qwen3asr.library.store import Library
 from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
 from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, Guard
 from mlx_qwen3asr.serve.connections import ConnectionLimits, http_protocol
 from mlx_qwen3asr.serve.errors import APIError, ClientGone
+from mlx_qwen3asr.serve.library_api import DEFAULT_MAX_JOB_UPLOAD_BYTES, library_api
 from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits, LiveSessions
 from mlx_qwen3asr.serve.load import Load
 from mlx_qwen3asr.serve.openai import (
@@ -398,6 +400,8 @@ def create_app(
     cors_origins: Iterable[str] = (),
     live: LiveLimits | None = None,
     speakers: Speakers | None = None,
+    library: Library | None = None,
+    max_job_upload_bytes: int = DEFAULT_MAX_JOB_UPLOAD_BYTES,
 ) -> Starlette:
     """The ASGI application serving `engine` (which the caller closes when the server has stopped).
 
@@ -414,7 +418,10 @@ def create_app(
     (WebSocket at /v1/realtime/transcription; default LiveLimits()), checked for Host, Origin and key
     as the HTTP API. speakers: the server's diarizer, for response_format diarized_json (None: such
     requests are refused with a 400), which diarizes only where the engine's speech detection
-    (engine.vad) finds speech; the caller closes it when the server has stopped.
+    (engine.vad) finds speech; the caller closes it when the server has stopped. library: the transcript
+    library (mlx_qwen3asr.library) whose jobs and transcripts the server serves (library_api.py; None:
+    those routes are absent); its jobs left unfinished run again when the app starts; the caller closes
+    it. max_job_upload_bytes: the largest upload a job may send.
 
     Run it with `uvicorn_config`, whose connections have deadlines and a bound on their number.
     """
@@ -441,11 +448,19 @@ def create_app(
         engine, model_id=model_id, access=server.access, api_key=api_key, limits=live or LiveLimits()
     )
 
+    kept = None
+    if library is not None:
+        kept = library_api(server, library, model_id=model_id, max_job_upload_bytes=max_job_upload_bytes)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if kept is not None:
+            await anyio.to_thread.run_sync(kept.runner.start)
         try:
             yield
         finally:
+            if kept is not None:
+                await anyio.to_thread.run_sync(kept.runner.close)
             server.waiters.shutdown(wait=False, cancel_futures=True)
             if owned:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -457,13 +472,21 @@ def create_app(
             Route("/v1/models/{model:path}", _route(server.model), methods=["GET"]),
             Route("/health", _route(server.health), methods=["GET"]),
             WebSocketRoute(LIVE_PATH, sessions.endpoint),
+            *(kept.routes(_route) if kept is not None else []),
         ],
         middleware=[
-            Middleware(Guard, access=server.access, api_key=api_key, max_upload_bytes=server.max_upload_bytes)
+            Middleware(
+                Guard,
+                access=server.access,
+                api_key=api_key,
+                max_upload_bytes=server.max_upload_bytes,
+                path_limits={"/v1/jobs": int(max_job_upload_bytes)} if kept is not None else {},
+            )
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
     app.state.server = server
     app.state.live = sessions
+    app.state.library = kept
     return app

@@ -51,9 +51,11 @@ class Speakers:
     def vad(self, vad: VadOptions | None) -> None:
         self.queue.vad = vad
 
-    def submit(self, audio: np.ndarray | str, seconds: float) -> DiarizeJob:
-        """Diarize audio (16 kHz samples, or a file to decode again) after those already queued."""
-        return self.queue.submit(None, audio, seconds)
+    def submit(self, audio: np.ndarray | str, seconds: float, num_speakers: int | None = None) -> DiarizeJob:
+        """Diarize audio (16 kHz samples, or a file to decode again) after those already queued; looking for
+        exactly num_speakers speakers where given (else as the server's options say)."""
+        options = None if num_speakers is None else self.lib.DiarizeOptions(num_speakers=num_speakers)
+        return self.queue.submit(None, audio, seconds, options)
 
     def queued_seconds(self) -> float:
         """Audio waiting for the diarizer or being diarized, in seconds (/health, the busy limit)."""

@@ -1,0 +1,49 @@
+"""Edited segments of a stored transcript timed again: the forced aligner times each segment's text against
+its own span of the kept audio. Runs where the models run (the Engine's thread, Engine.call)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mlx_qwen3asr.audio.features import SAMPLE_RATE
+from mlx_qwen3asr.audio.files import read_audio
+from mlx_qwen3asr.checkpoints.loading import ASRModel
+from mlx_qwen3asr.pipeline.alignment import align_span, why_not_aligned
+
+__all__ = ["retime_segments"]
+
+
+def retime_segments(
+    aligner: ASRModel, audio: Path, content: Mapping[str, Any], segment_ids: Iterable[int]
+) -> tuple[dict[int, list[dict[str, Any]]], dict[int, str]]:
+    """({segment id: its words with times}, {segment id: why it was not timed}) for the given segments of
+    content (a stored transcript), read from audio (its kept file) span by span, never whole."""
+    by_id = {int(s["id"]): s for s in content.get("segments", [])}
+    wanted = [by_id[i] for i in dict.fromkeys(int(i) for i in segment_ids)]
+    timed: dict[int, list[dict[str, Any]]] = {}
+    skipped: dict[int, str] = {}
+    decoded = read_audio(str(audio))
+    signal = decoded.signal
+    try:
+        total = len(signal)
+        for seg in wanted:
+            start, end = float(seg["start"]), float(seg["end"])
+            a = max(0, min(total, int(round(start * SAMPLE_RATE))))
+            b = max(a, min(total, int(round(end * SAMPLE_RATE))))
+            text, language = str(seg.get("text") or ""), seg.get("language") or None
+            reason = why_not_aligned(aligner, text, language, (b - a) / SAMPLE_RATE)
+            if reason is not None or b <= a:
+                skipped[int(seg["id"])] = reason or "no audio in its span"
+                continue
+            words = align_span(aligner, signal.read(a, b), text, language, (start, end))
+            if words is None:
+                skipped[int(seg["id"])] = "the aligner cannot serve it"
+                continue
+            speaker = seg.get("speaker")
+            timed[int(seg["id"])] = [{**asdict(w), "speaker": w.speaker or speaker} for w in words]
+    finally:
+        signal.close()
+    return timed, skipped
