@@ -371,3 +371,72 @@ def test_serve_diarize_end_to_end_with_the_library(checkpoints, monkeypatch, tmp
             server.should_exit = True
         thread.join(60)
     assert status == [0]
+
+
+def test_a_library_job_with_diarize_names_its_speakers(model, monkeypatch, tmp_path):
+    """POST /v1/jobs with diarize, num_speakers and speaker_names: the transcript filed in the library has
+    the named speakers on its segments, and they export (RTTM, Markdown)."""
+    from mlx_qwen3asr.library.store import Library
+
+    forced = model.tokenizer.token_to_id("<asr_text>")
+    say = script_batches(
+        lambda prompt: model.tokenizer.encode(
+            SAID if forced in prompt else f"language English<asr_text>{SAID}"
+        )
+    )
+    monkeypatch.setattr(STAGES, "batch", say.batch)
+    library = Library(tmp_path / "library")
+    engine = Engine(model, vad=False, parts=STAGES.parts, max_segment_seconds=4.0)  # two segments
+    options: list = []
+
+    class Counting(Diarizer):
+        def __call__(self, samples, opts, *, speech=None):
+            options.append(opts)
+            return super().__call__(samples, opts, speech=speech)
+
+    speakers = Speakers(Counting(), StandIn())
+    app = create_app(
+        engine, model_id="m", api_key=KEY, upload_dir=tmp_path / "up", speakers=speakers, library=library
+    )
+    (tmp_path / "up").mkdir()
+    s = Served(app, engine, tmp_path / "up")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        wav = wav_file(tmp_path, 8.0, seed=3)
+        with open(wav, "rb") as f:
+            r = httpx.post(
+                f"{s.url}/v1/jobs",
+                files={"file": ("meeting.wav", f)},
+                data={"diarize": "true", "num_speakers": "2", "speaker_names": "Ana, Bo"},
+                headers=auth,
+            )
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        deadline = time.monotonic() + 120
+        while (job := httpx.get(f"{s.url}/v1/jobs/{job_id}", headers=auth).json())["status"] not in (
+            "done",
+            "failed",
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert job["status"] == "done", job
+        doc = httpx.get(f"{s.url}/v1/transcripts/{job['transcript_id']}", headers=auth).json()
+        assert doc["speakers"] == ["Ana", "Bo"] and {seg["speaker"] for seg in doc["segments"]} <= {
+            "Ana",
+            "Bo",
+        }
+        assert options and options[-1].num_speakers == 2
+        rttm = httpx.get(
+            f"{s.url}/v1/transcripts/{doc['id']}/export", params={"format": "rttm"}, headers=auth
+        )
+        assert rttm.status_code == 200 and "Ana" in rttm.text
+        md = httpx.get(f"{s.url}/v1/transcripts/{doc['id']}/export", params={"format": "md"}, headers=auth)
+        assert "**Ana**" in md.text
+        bad = httpx.post(
+            f"{s.url}/v1/jobs", files={"file": ("a.wav", b"RIFF")}, data={"num_speakers": "0"}, headers=auth
+        )
+        assert bad.status_code == 400 and error_of(bad)["param"] == "num_speakers"
+    finally:
+        s.stop()
+        speakers.close()
+        library.close()
