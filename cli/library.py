@@ -11,6 +11,7 @@ The library is the folder --library names, else $MLXASR_LIBRARY, else the user's
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -106,17 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the library folder (default: $MLXASR_LIBRARY, else the user's data folder)",
     )
+    # --library may come after the action too (mlxasr library search TEXT --library DIR).
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--library", metavar="DIR", default=argparse.SUPPRESS, help="the library folder")
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ls = sub.add_parser("list", help="the transcripts, newest first")
+    add = functools.partial(sub.add_parser, parents=[where])
+    ls = add("list", help="the transcripts, newest first")
     ls.add_argument("--limit", type=int, default=50)
-    s = sub.add_parser("search", help='the segments a text finds (FTS5 syntax: words, "phrases", OR, NOT)')
+    s = add("search", help='the segments a text finds (FTS5 syntax: words, "phrases", OR, NOT)')
     s.add_argument("text")
     s.add_argument("--limit", type=int, default=20)
-    e = sub.add_parser("export", help="a transcript in one of the export formats")
+    e = add("export", help="a transcript in one of the export formats")
     e.add_argument("id")
     e.add_argument("-f", "--format", choices=EXPORT_FORMATS, default="txt")
     e.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: standard output)")
-    i = sub.add_parser("import", help="the JSON outputs of earlier runs, with their audio where found")
+    i = add("import", help="the JSON outputs of earlier runs, with their audio where found")
     i.add_argument("paths", nargs="+", metavar="DIR")
     return p
 

@@ -62,7 +62,7 @@ def test_a_folder_run_files_each_transcript_with_its_audio_once(tmp_path, ckpt, 
     assert main(["library", "--library", str(lib), "list"]) == 0
     listed = capsys.readouterr().out
     assert "one" in listed and "two" in listed
-    assert main(["library", "--library", str(lib), "search", "budget"]) == 0
+    assert main(["library", "search", "budget", "--library", str(lib)]) == 0
     hits = capsys.readouterr().out.splitlines()
     assert len(hits) == 2 and all("[budget]" in h for h in hits)
     tid = hits[0].split()[0]

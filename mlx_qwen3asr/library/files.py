@@ -18,7 +18,7 @@ from collections.abc import Mapping, Set
 from pathlib import Path
 
 from mlx_qwen3asr.library.errors import LibraryError
-from mlx_qwen3asr.runtime.atomic import temp_name
+from mlx_qwen3asr.runtime.atomic import sync_folder, temp_name
 from mlx_qwen3asr.runtime.messages import one_line
 
 __all__ = [
@@ -51,16 +51,6 @@ def _age(st: os.stat_result, now: float) -> float:
     """Seconds since the file was last touched: written, linked or renamed."""
     # A hard link or a rename leaves the modification time alone but changes the status-change time.
     return now - max(st.st_mtime, st.st_ctime)
-
-
-def sync_folder(folder: Path) -> None:
-    """Make the names just created or removed in folder durable (where the platform allows)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def remove(path: Path | None) -> None:

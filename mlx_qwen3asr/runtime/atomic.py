@@ -201,8 +201,9 @@ def remove_stale_temporaries(
     return removed
 
 
-def _sync_dir(folder: Path) -> None:
-    # Makes the renames durable; some platforms cannot open a directory, which is fine to skip.
+def sync_folder(folder: Path) -> None:
+    """Make the names just created, renamed or removed in folder durable (where the platform allows: some
+    cannot open a directory, which is fine to skip)."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -289,7 +290,7 @@ def atomic_write_files(
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     for folder in {Path(p).parent for p in files}:
-        _sync_dir(folder)
+        sync_folder(folder)
     return kept
 
 

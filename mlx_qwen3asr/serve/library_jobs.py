@@ -26,9 +26,8 @@ from mlx_qwen3asr.serve.library_common import (
     library_call,
     path_id,
 )
-from mlx_qwen3asr.serve.openai import FORM_REPEATS, _flag, _speaker_names
+from mlx_qwen3asr.serve.openai import FORM_REPEATS, _flag, _speaker_names, form_granularities, form_language
 from mlx_qwen3asr.serve.uploads import read_upload
-from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
 __all__ = ["DEFAULT_MAX_JOB_UPLOAD_BYTES", "JobRoutes"]
@@ -53,18 +52,8 @@ class JobRoutes:
         self.max_job_upload_bytes = int(max_job_upload_bytes)
 
     def _job_options(self, upload: Any) -> JobOptions:
-        try:
-            language = resolve_language(upload.value("language"))
-        except ValueError as e:
-            raise APIError(400, str(e), param="language", code="unsupported_language") from None
-        granularities = upload.fields.get("timestamp_granularities[]", []) + upload.fields.get(
-            "timestamp_granularities", []
-        )
-        chosen = {g.strip().lower() for g in granularities if g.strip()}
-        if chosen - {"segment", "word"}:
-            raise APIError(
-                400, "timestamp_granularities[] takes segment or word", param="timestamp_granularities[]"
-            )
+        language = form_language(upload)
+        chosen = form_granularities(upload)
         diarize = (
             _flag(upload.value("diarize"), "diarize") or upload.value("response_format") == "diarized_json"
         )

@@ -93,6 +93,30 @@ def _flag(value: str | None, name: str) -> bool:
     raise APIError(400, f"{name} must be true or false, got {value!r}", param=name)
 
 
+def form_language(upload: Upload) -> str | None:
+    """The form's language, as its canonical name (None: detect); raises APIError (400) naming it."""
+    try:
+        return resolve_language(upload.value("language"))
+    except ValueError as e:
+        raise APIError(400, str(e), param="language", code="unsupported_language") from None
+
+
+def form_granularities(upload: Upload) -> set[str]:
+    """The form's timestamp_granularities[] (segment, word); raises APIError (400) for another."""
+    granularities = upload.fields.get("timestamp_granularities[]", []) + upload.fields.get(
+        "timestamp_granularities", []
+    )
+    chosen = {g.strip().lower() for g in granularities if g.strip()}
+    unknown = sorted(chosen - set(GRANULARITIES))
+    if unknown:
+        raise APIError(
+            400,
+            f"unsupported timestamp granularity {unknown[0]!r}: use segment or word",
+            param="timestamp_granularities[]",
+        )
+    return chosen
+
+
 def parse_request(upload: Upload) -> TranscriptionRequest:
     """The form's options, checked; raises APIError (400) naming the field at fault."""
     if upload.path is None:
@@ -106,21 +130,8 @@ def parse_request(upload: Upload) -> TranscriptionRequest:
             f"unsupported response_format {fmt!r}: use one of {', '.join(RESPONSE_FORMATS)}",
             param="response_format",
         )
-    try:
-        language = resolve_language(upload.value("language"))
-    except ValueError as e:
-        raise APIError(400, str(e), param="language", code="unsupported_language") from None
-    granularities = upload.fields.get("timestamp_granularities[]", []) + upload.fields.get(
-        "timestamp_granularities", []
-    )
-    chosen = {g.strip().lower() for g in granularities if g.strip()}
-    unknown = sorted(chosen - set(GRANULARITIES))
-    if unknown:
-        raise APIError(
-            400,
-            f"unsupported timestamp granularity {unknown[0]!r}: use segment or word",
-            param="timestamp_granularities[]",
-        )
+    language = form_language(upload)
+    chosen = form_granularities(upload)
     temperature = upload.value("temperature")
     if temperature is not None and temperature.strip():
         try:
