@@ -21,6 +21,7 @@ from typing import Any
 from mlx_qwen3asr.cli.options import EXIT_OK, EXIT_USAGE, number_in
 from mlx_qwen3asr.cli.stdio import problem_line
 from mlx_qwen3asr.library.export import EXPORT_FORMATS, ExportError, export
+from mlx_qwen3asr.library.jobs import claim_jobs
 from mlx_qwen3asr.library.search import SearchError, search
 from mlx_qwen3asr.library.store import Library, LibraryError, default_folder
 from mlx_qwen3asr.outputs.finding import is_audio_name
@@ -56,16 +57,27 @@ def add_library_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def open_library(args: argparse.Namespace, error: Callable[[str], None]) -> Library | int | None:
-    """The library the options name (None with --no-library), or EXIT_USAGE after one error line."""
+def open_library(
+    args: argparse.Namespace, error: Callable[[str], None], *, jobs: bool = False
+) -> Library | int | None:
+    """The library the options name (None with --no-library), or EXIT_USAGE after one error line. jobs:
+    it will run the library's jobs (a server), which another process must not be doing already."""
     if getattr(args, "no_library", False):
         return None
     folder = Path(args.library) if getattr(args, "library", None) else default_folder()
     try:
-        return Library(folder)
+        library = Library(folder)
     except (LibraryError, OSError) as e:
         error(f"cannot open the library {folder}: {one_line(e)}")
         return EXIT_USAGE
+    if jobs:
+        try:
+            claim_jobs(library.folder).close()  # checked now, before the models load; taken when serving
+        except (LibraryError, OSError) as e:
+            library.close()
+            error(one_line(e))
+            return EXIT_USAGE
+    return library
 
 
 def filing(

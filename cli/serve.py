@@ -44,6 +44,7 @@ from mlx_qwen3asr.cli.options import (
 )
 from mlx_qwen3asr.cli.signals import terminate
 from mlx_qwen3asr.cli.stdio import open_closed_standard_streams, problem_line
+from mlx_qwen3asr.library.store import LibraryError
 from mlx_qwen3asr.runtime.messages import one_line
 
 PROG = "mlxasr serve"
@@ -344,7 +345,7 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
         return EXIT_USAGE
     engine = speakers = diarizer = library = None
     try:
-        library = open_library(args, _error)
+        library = open_library(args, _error, jobs=True)
         if isinstance(library, int):
             return library
         loaded = _load_models(args, diarization)
@@ -361,27 +362,31 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
         if diarizer is not None:
             speakers = Speakers(diarizer, diarization.lib, diarization.options)
         api_key = args.api_key
-        app = create_app(
-            engine,
-            model_id=_model_id(args.model),
-            api_key=api_key,
-            max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
-            max_queue_seconds=args.max_queue_seconds,
-            max_audio_seconds=args.max_audio_seconds,
-            words_unavailable=words_unavailable,
-            host=args.host,
-            allowed_hosts=args.allowed_host,
-            cors_origins=args.cors_origin,
-            live=LiveLimits(
-                max_sessions=args.max_live_sessions,
-                max_seconds=args.max_live_seconds,
-                idle_timeout=args.live_idle_timeout,
-                max_buffer_seconds=args.max_live_buffer_seconds,
-            ),
-            speakers=speakers,
-            library=library,
-            max_job_upload_bytes=int(args.max_job_upload_mb * 1024 * 1024),
-        )
+        try:
+            app = create_app(
+                engine,
+                model_id=_model_id(args.model),
+                api_key=api_key,
+                max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
+                max_queue_seconds=args.max_queue_seconds,
+                max_audio_seconds=args.max_audio_seconds,
+                words_unavailable=words_unavailable,
+                host=args.host,
+                allowed_hosts=args.allowed_host,
+                cors_origins=args.cors_origin,
+                live=LiveLimits(
+                    max_sessions=args.max_live_sessions,
+                    max_seconds=args.max_live_seconds,
+                    idle_timeout=args.live_idle_timeout,
+                    max_buffer_seconds=args.max_live_buffer_seconds,
+                ),
+                speakers=speakers,
+                library=library,
+                max_job_upload_bytes=int(args.max_job_upload_mb * 1024 * 1024),
+            )
+        except LibraryError as e:  # another server took the library meanwhile
+            _error(one_line(e))
+            return EXIT_USAGE
         limits = ConnectionLimits(
             header_timeout=args.header_timeout,
             body_timeout=args.body_timeout,

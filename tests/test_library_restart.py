@@ -108,3 +108,32 @@ def test_no_library_keeps_nothing_and_has_no_jobs(checkpoints, tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     assert not any(tmp_path.rglob("library.sqlite3"))
+
+
+def test_a_second_server_on_the_same_library_is_refused_in_one_line(checkpoints, tmp_path):
+    """Two servers would both run the library's unfinished jobs: the second one is refused before it
+    loads anything, and starts once the first has gone."""
+    library = tmp_path / "library"
+    proc, url, _ = start(checkpoints, tmp_path, "--library", str(library))
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "MLXASR_API_KEY"}
+        env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+        second = subprocess.run(
+            [sys.executable, "-m", "mlx_qwen3asr.cli.main", "serve", "--model", str(checkpoints("tiny"))]
+            + ["--port", "0", "--no-aligner", "--library", str(library)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 2
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "in use by another server" in lines[0] and str(library) in lines[0]
+        assert httpx.get(f"{url}/health", headers=HEADERS, timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    proc, url, _ = start(checkpoints, tmp_path, "--library", str(library))  # the lock went with the process
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)

@@ -23,12 +23,12 @@ from typing import Any
 from mlx_qwen3asr.audio.features import AudioError
 from mlx_qwen3asr.audio.files import AudioTooLong
 from mlx_qwen3asr.audio.signal import ArraySignal
-from mlx_qwen3asr.library.store import Library
+from mlx_qwen3asr.library.store import Library, LibraryError
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
 from mlx_qwen3asr.pipeline.result import Transcription
 from mlx_qwen3asr.runtime.messages import one_line
 
-__all__ = ["FINISHED", "JobOptions", "JobRunner", "STATUSES"]
+__all__ = ["FINISHED", "JobOptions", "JobRunner", "STATUSES", "claim_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class JobRunner:
             for i in range(max(1, int(max_running)))
         ]
         self._started = False
+        self._claim = claim_jobs(library.folder)  # before anything runs: one runner per library
 
     # -- callers' side ---------------------------------------------------------------------------
 
@@ -190,6 +191,9 @@ class JobRunner:
         for t in self._threads:
             if t.is_alive():
                 t.join(max(0.0, deadline - time.monotonic()))
+        if self._claim is not None:
+            self._claim.close()  # the lock goes with it
+            self._claim = None
 
     # -- the jobs' threads -----------------------------------------------------------------------
 
@@ -291,6 +295,24 @@ class JobRunner:
         )
         log.info("job %s done: transcript %s", job_id, transcript_id)
         self._changed(job_id)
+
+
+def claim_jobs(folder: Path) -> Any:
+    """An exclusive lock on the library's jobs (jobs.lock in its folder), held until closed: two servers on
+    one library would both run its unfinished jobs. Raises LibraryError when another process holds it.
+    The system drops the lock when the process ends, however it ends."""
+    import fcntl
+
+    handle = open(folder / "jobs.lock", "a+b")  # noqa: SIM115 - held open for the runner's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise LibraryError(
+            f"the library {folder} is in use by another server (its jobs run there); "
+            "give this one another --library, or --no-library"
+        ) from None
+    return handle
 
 
 def _reason(e: BaseException, path: Path | None = None) -> str:
