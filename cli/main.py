@@ -63,7 +63,8 @@ def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
         if command == "live":
             return live.main(args_list[1:])
         if command == "library":
-            return library.main(args_list[1:])
+            # Each transcript is filed in one transaction: a stop leaves those before it, whole.
+            return stopped("mlxasr library", lambda: library.main(args_list[1:]))
         parser = build_parser()
         # A stop that run() does not handle comes before any file is being transcribed (walking folders).
         return stopped("mlxasr", lambda: run(parser, parser.parse_args(args_list), sys.stdout, sys.stderr))

@@ -339,3 +339,37 @@ def test_concurrent_edits_and_reads_keep_the_database_whole(api, tmp_path):
         t.join(60)
     assert not errors
     assert call(api, "GET", f"/v1/transcripts/{tid}").json()["revision"] == 21
+
+
+def test_a_full_disk_refuses_a_job_with_507_and_fails_a_finishing_one_alone(api, monkeypatch, tmp_path):
+    import errno
+
+    import mlx_qwen3asr.library.jobs_table as jobs_table
+
+    real = jobs_table.place_audio
+
+    def full(source, folder, stem, *, move):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jobs_table, "place_audio", full)
+    wav = wav_file(tmp_path, 1.0, seed=12)
+    with open(wav, "rb") as f:
+        r = call(api, "POST", "/v1/jobs", files={"file": ("a.wav", f)})
+    assert r.status_code == 507 and "\n" not in error_of(r)["message"]
+    assert api.uploads() == []
+
+    # Room for the job's audio, none for its transcript's: that job fails in one line, the next is done.
+    def only_jobs(source, folder, stem, *, move):
+        if folder == api.library.audio_folder:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(source, folder, stem, move=move)
+
+    monkeypatch.setattr(jobs_table, "place_audio", only_jobs)
+    failed = wait_done(api, submit(api, wav))
+    assert (
+        failed["status"] == "failed" and "\n" not in failed["error"] and str(tmp_path) not in failed["error"]
+    )
+    monkeypatch.setattr(jobs_table, "place_audio", real)
+    assert wait_done(api, submit(api, wav))["status"] == "done"
+    with sqlite3.connect(api.library.folder / "library.sqlite3") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

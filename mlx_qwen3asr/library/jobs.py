@@ -11,6 +11,7 @@ of its audio has been transcribed. A failure ends its job alone, with one line.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import queue
 import threading
@@ -329,6 +330,8 @@ def _why(e: BaseException) -> str:
         return "the audio is longer than this server transcribes"
     if isinstance(e, AudioError):
         return f"the file could not be read as audio: {one_line(e.reason)}"
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return "no room to keep the transcript: the library's disk is full"
     if isinstance(e, (RuntimeError, FileNotFoundError, ValueError)):
         return one_line(str(e))
     return "transcription failed (internal error; see the server log)"
