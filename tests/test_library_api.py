@@ -5,6 +5,7 @@ export read back by its parser, and hostile requests."""
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import sqlite3
@@ -232,8 +233,9 @@ def test_retime_times_the_edited_segments_against_their_audio(api, monkeypatch, 
             np.array([c for i in range(len(p.timestamps) // 2) for c in (4 * i, 4 * i + 3)]) for p in prompts
         ]
 
-    monkeypatch.setattr("mlx_qwen3asr.pipeline.alignment.timestamp_classes", paced)
-    monkeypatch.setattr("mlx_qwen3asr.library.retime.align_span", _paced_span(paced))
+    monkeypatch.setattr(
+        "mlx_qwen3asr.library.retime.align_segments", functools.partial(align_segments, classes=paced)
+    )
     r = call(api, "POST", f"/v1/transcripts/{tid}/retime", json={"segments": [0]})
     assert r.status_code == 200, r.text
     seg = r.json()["segments"][0]
@@ -243,17 +245,6 @@ def test_retime_times_the_edited_segments_against_their_audio(api, monkeypatch, 
     assert starts == sorted(starts) and seg["start"] <= starts[0] and starts[-1] <= seg["end"]
     assert call(api, "POST", f"/v1/transcripts/{tid}/retime", json={"segments": [999]}).status_code == 400
     assert call(api, "POST", f"/v1/transcripts/{tid}/retime", json={"segments": "0"}).status_code == 400
-
-
-def _paced_span(classes):
-    from mlx_qwen3asr.audio.features import log_mel_spectrogram
-
-    def span(aligner, samples, text, language, bounds):
-        return align_segments(
-            aligner, [log_mel_spectrogram(samples)], [text], [language], [bounds], classes=classes
-        )[0]
-
-    return span
 
 
 def test_a_job_can_be_cancelled_and_a_bad_file_fails_alone_in_one_line(api, tmp_path):

@@ -8,12 +8,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mlx_qwen3asr.audio.features import SAMPLE_RATE
+import numpy as np
+
+from mlx_qwen3asr.audio.features import SAMPLE_RATE, log_mel_spectrogram
 from mlx_qwen3asr.audio.files import read_audio
 from mlx_qwen3asr.checkpoints.loading import ASRModel
-from mlx_qwen3asr.pipeline.alignment import align_span, why_not_aligned
+from mlx_qwen3asr.pipeline.alignment import align_segments, why_not_aligned
 
-__all__ = ["retime_segments"]
+__all__ = ["BATCH", "retime_segments"]
+
+# Segments timed in one padded pass of the aligner.
+BATCH = 8
 
 
 def retime_segments(
@@ -25,6 +30,7 @@ def retime_segments(
     wanted = [by_id[i] for i in dict.fromkeys(int(i) for i in segment_ids)]
     timed: dict[int, list[dict[str, Any]]] = {}
     skipped: dict[int, str] = {}
+    servable: list[tuple[dict[str, Any], tuple[float, float], np.ndarray]] = []
     decoded = read_audio(str(audio))
     signal = decoded.signal
     try:
@@ -38,12 +44,20 @@ def retime_segments(
             if reason is not None or b <= a:
                 skipped[int(seg["id"])] = reason or "no audio in its span"
                 continue
-            words = align_span(aligner, signal.read(a, b), text, language, (start, end))
-            if words is None:
-                skipped[int(seg["id"])] = "the aligner cannot serve it"
-                continue
-            speaker = seg.get("speaker")
-            timed[int(seg["id"])] = [{**asdict(w), "speaker": w.speaker or speaker} for w in words]
+            servable.append((seg, (start, end), signal.read(a, b)))  # only the spans, never the whole
     finally:
         signal.close()
+    # The segments are timed together, BATCH at a time, in one padded pass of the aligner each.
+    for at in range(0, len(servable), BATCH):
+        group = servable[at : at + BATCH]
+        timed_words = align_segments(
+            aligner,
+            [log_mel_spectrogram(samples) for _, _, samples in group],
+            [str(seg.get("text") or "") for seg, _, _ in group],
+            [seg.get("language") or None for seg, _, _ in group],
+            [span for _, span, _ in group],
+        )
+        for (seg, _, _), words in zip(group, timed_words):
+            speaker = seg.get("speaker")
+            timed[int(seg["id"])] = [{**asdict(w), "speaker": w.speaker or speaker} for w in words]
     return timed, skipped
