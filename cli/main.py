@@ -3,13 +3,14 @@
 The command's entry. Its first argument may name a subcommand:
 
     mlxasr serve ...     the transcription server (mlx_qwen3asr.cli.serve)
+    mlxasr app ...       the server on a free port with its web page opened in the browser (cli.serve)
     mlxasr convert ...   MLX checkpoints from any Qwen3-ASR release (mlx_qwen3asr.cli.convert)
     mlxasr align ...     time a transcript the user already has (mlx_qwen3asr.cli.align)
     mlxasr live ...      live transcription of the microphone, a stream or a file (mlx_qwen3asr.cli.live)
     mlxasr library ...   the transcript library: list, search, export, import (mlx_qwen3asr.cli.library)
 
 anything else is a folder run (mlx_qwen3asr.cli.run), transcription being the default. A first argument
-`serve`, `convert`, `align`, `library` or `live` always means the subcommand, whatever exists on disk: a file or
+`serve`, `app`, `convert`, `align`, `library` or `live` always means the subcommand, whatever exists on disk: a file or
 folder of that name is transcribed as `./serve` (`./convert`, `./align`, `./live`). Ctrl-C and SIGTERM
 stop every command cleanly.
 """
@@ -32,7 +33,7 @@ from mlx_qwen3asr.cli.stdio import open_closed_standard_streams
 __all__ = ["SUBCOMMANDS", "build_parser", "entry", "main"]
 
 # The subcommands, by the first argument that names them.
-SUBCOMMANDS = ("align", "convert", "library", "live", "serve")
+SUBCOMMANDS = ("align", "app", "convert", "library", "live", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,8 +54,8 @@ def _main(argv: Sequence[str] | None, restore_after_stop: bool) -> int:
     tune_malloc()  # freed activations are reused rather than page-faulted in afresh (mlx_qwen3asr.runtime.cpu)
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = _subcommand(args_list)
-    if command == "serve":
-        return serve.main(args_list[1:], exiting=not restore_after_stop)
+    if command in ("serve", "app"):
+        return serve.main(args_list[1:], exiting=not restore_after_stop, app=command == "app")
     if command == "convert":
         return convert.main(args_list[1:], prog="mlxasr convert", restore_after_stop=restore_after_stop)
     with stop_handlers(restore_after_stop):
@@ -79,7 +80,7 @@ def entry() -> None:
     way, its engine's thread left running (see mlx_qwen3asr.cli.serve.main).
     """
     status = _main(None, restore_after_stop=False)
-    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED) or _subcommand(sys.argv[1:]) == "serve":
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED) or _subcommand(sys.argv[1:]) in ("serve", "app"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

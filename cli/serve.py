@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlx_qwen3asr import tune_malloc
+from mlx_qwen3asr.cli.browser import open_page
 from mlx_qwen3asr.cli.diarizing import (
     Diarization,
     Unavailable,
@@ -48,6 +49,7 @@ from mlx_qwen3asr.library.store import LibraryError
 from mlx_qwen3asr.runtime.messages import one_line
 
 PROG = "mlxasr serve"
+APP_PROG = "mlxasr app"
 API_KEY_ENV = "MLXASR_API_KEY"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -75,6 +77,11 @@ Serve transcription over HTTP with the API of OpenAI's /v1/audio/transcriptions,
 clients work against it unchanged. The model (and the forced aligner, for word timestamps) is loaded
 once; concurrent requests share its decoding batch. Listens on 127.0.0.1 unless --host says otherwise."""
 
+APP_DESCRIPTION = """\
+Open the web page: drop recordings, search the transcript library, read along with the audio,
+correct, name speakers, export, live captions from the microphone. Starts the server (as mlxasr
+serve, with the library) on a free port of this machine and opens the page in the default browser."""
+
 EPILOG = f"""\
 endpoints:
   POST /v1/audio/transcriptions   form fields: file, model (any value), language, prompt,
@@ -99,20 +106,26 @@ exit status:
   {EXIT_INTERRUPTED}  stopped with Ctrl-C ({EXIT_TERMINATED} for SIGTERM); requests in flight are cancelled"""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(app: bool = False) -> argparse.ArgumentParser:
+    """The options of `mlxasr serve`; app: those of `mlxasr app` (any free port, the page opened)."""
+    port = 0 if app else DEFAULT_PORT
     p = argparse.ArgumentParser(
-        prog=PROG,
-        description=DESCRIPTION,
-        epilog=EPILOG,
+        prog=APP_PROG if app else PROG,
+        description=APP_DESCRIPTION if app else DESCRIPTION,
+        epilog=None if app else EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST})")
     p.add_argument(
         "--port",
         type=int_in((0, 65535)),
-        default=DEFAULT_PORT,
-        help=f"port (default: {DEFAULT_PORT}; 0: any free one)",
+        default=port,
+        help=f"port (default: {port or 'any free one'}; 0: any free one)",
     )
+    if app:
+        p.add_argument(
+            "--no-browser", action="store_true", help="print the page's address without opening a browser"
+        )
     add_model(p)
     words = p.add_mutually_exclusive_group()
     words.add_argument(
@@ -403,6 +416,8 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
         print(
             f"listening on http://{shown}:{port} (model {_model_id(args.model)})", file=sys.stderr, flush=True
         )
+        if getattr(args, "no_browser", None) is not None:  # mlxasr app
+            open_page(f"http://{shown}:{port}/", not args.no_browser, _warning)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
         config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
@@ -419,15 +434,17 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
             library.close()
 
 
-def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False, app: bool = False) -> int:
     """Run `mlxasr serve` with the given arguments (default: sys.argv[1:]); returns the exit status.
 
     exiting: the process ends right after (the command): the engine's thread is left as it is rather
     than stopped, since MLX can abort a process whose threads that used it end during its exit; the
     caller then leaves with os._exit."""
-    parser = build_parser()
+    parser = build_parser(app)
     try:
         args = parser.parse_args(argv)
+        if app and args.no_library:
+            parser.error("--no-library: the page keeps its transcripts in the library")
         check_vad(parser, args)
         diarization = check_diarization(parser, args)
     except SystemExit as e:  # usage errors and --help
@@ -447,7 +464,7 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     # control) that would end in status 0, so the interrupt handler is set here.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        return stopped("mlxasr serve", lambda: _serve(args, exiting, diarization))
+        return stopped(parser.prog, lambda: _serve(args, exiting, diarization))
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -45,4 +45,9 @@ def test_the_wheel_is_py3_none_any(tmp_path):
     with zipfile.ZipFile(wheels[0]) as wheel:
         names = wheel.namelist()
     assert "mlx_qwen3asr/model/decoder.py" in names and "mlx_qwen3asr/cli/main.py" in names
+    # The web page ships as package data, every file of it.
+    web = REPO / "mlx_qwen3asr" / "serve" / "web"
+    page = sorted(f"mlx_qwen3asr/serve/web/{p.name}" for p in web.iterdir() if p.is_file())
+    assert "mlx_qwen3asr/serve/web/index.html" in page and len(page) >= 8
+    assert [n for n in page if n not in names] == []
     assert [n for n in names if Path(n).suffix in COMPILED] == []

@@ -1,7 +1,8 @@
 """Who the server answers: the Host header must name it, a browser's request must come from an allowed
 origin (DNS rebinding, cross-site forms), every request must carry the API key when there is one, and a
 declared body must fit the upload limit. Checked before anything reads the request; the realtime
-WebSocket is refused by the same checks (refusal), its key also accepted as a subprotocol."""
+WebSocket is refused by the same checks (refusal), its key also accepted as a subprotocol. The web page's
+own files (page.py) need no key; everything they call does."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.errors import APIError, too_large
+from mlx_qwen3asr.serve.page import is_public
 
 __all__ = ["Access", "Guard", "authorized", "close_after", "cross_origin", "refusal"]
 
@@ -216,6 +218,12 @@ class Guard:
         headers = Headers(scope=scope)
         limit = self.path_limits.get(scope.get("path", ""), self.max_upload_bytes)
         error = refusal(self.access, self.api_key, scope, limit=limit)
+        if (
+            error is not None
+            and error.code == "invalid_api_key"
+            and is_public(scope["method"], scope["path"])
+        ):
+            error = None  # the page's own files: the page asks for the key, then sends it with each call
         origin = cross_origin(scope)
         if origin is not None and (error is None or error.code == "invalid_api_key"):  # an allowed origin
             if error is None and is_preflight(scope):

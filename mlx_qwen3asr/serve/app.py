@@ -8,6 +8,7 @@
     GET  /health                    status, the model, whether words can be timed, audio queued
                                     for transcription and for diarization
     GET  /v1/realtime/transcription WebSocket: live audio in, partial and committed text out (live.py)
+    GET  /                          the web page (page.py): the library, read-along, live captions
 
 Requests share the Engine's running batch (continuous batching), so concurrent clients cost little
 more than one. Uploads stream to a file in a private folder, counted against the size limit as they
@@ -36,7 +37,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ from mlx_qwen3asr.pipeline.result import Segment, Transcription
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, Guard
 from mlx_qwen3asr.serve.connections import ConnectionLimits, http_protocol
-from mlx_qwen3asr.serve.errors import APIError, ClientGone
+from mlx_qwen3asr.serve.errors import APIError, ClientGone, http_error, internal_error, route
 from mlx_qwen3asr.serve.library_api import DEFAULT_MAX_JOB_UPLOAD_BYTES, library_api
 from mlx_qwen3asr.serve.live import LIVE_PATH, LiveLimits, LiveSessions
 from mlx_qwen3asr.serve.load import Load
@@ -70,8 +71,10 @@ from mlx_qwen3asr.serve.openai import (
     parse_request,
     render_response,
 )
+from mlx_qwen3asr.serve.page import Page
 from mlx_qwen3asr.serve.speakers import DiarizeJob, Speakers
 from mlx_qwen3asr.serve.uploads import Upload, read_upload, write_chunk
+from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
 
 __all__ = [
     "APIError",
@@ -125,6 +128,7 @@ class _Server:
         self.max_audio_seconds, self.access = max_audio_seconds, access
         self.upload_dir, self.words_unavailable = upload_dir, words_unavailable
         self.speakers = speakers
+        self.library = False  # whether the transcript library's routes are served
         self.load = Load(engine, speakers, max_queue_seconds)
         self.created = int(time.time())
         # Threads that wait on jobs (one per waiting request; they block, the event loop does not).
@@ -337,37 +341,12 @@ class _Server:
                 "model": self.model_id,
                 "word_timestamps": self.engine.aligner is not None,
                 "diarization": self.speakers is not None,
+                "library": self.library,
+                "languages": list(SUPPORTED_LANGUAGES),
                 "queued_seconds": round(self.load.queued(), 3),
                 "diarization_queued_seconds": round(self.load.diarization_queued(), 3),
             }
         )
-
-
-def _route(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except APIError as e:
-            if e.status >= 500:
-                log.warning("%s %s: %d %s", request.method, request.url.path, e.status, e.message)
-            return e.response()
-        except ClientGone:
-            log.info("%s %s: the client went away", request.method, request.url.path)
-            return Response(status_code=400)  # nobody reads it
-
-    return endpoint
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    messages = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed here"}
-    message = messages.get(exc.status_code, one_line(exc.detail))
-    return APIError(exc.status_code, message, headers=exc.headers).response()
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.error("%s %s failed", request.method, request.url.path, exc_info=(type(exc), exc, exc.__traceback__))
-    return APIError(500, "internal error; see the server log", code="internal_error").response()
 
 
 def uvicorn_config(app: ASGIApp, limits: ConnectionLimits | None = None, **kwargs: Any) -> Any:
@@ -445,12 +424,18 @@ def create_app(
     )
 
     sessions = LiveSessions(
-        engine, model_id=model_id, access=server.access, api_key=api_key, limits=live or LiveLimits()
+        engine,
+        model_id=model_id,
+        access=server.access,
+        api_key=api_key,
+        limits=live or LiveLimits(),
+        library=library,
     )
 
     kept = None
     if library is not None:
         kept = library_api(server, library, model_id=model_id, max_job_upload_bytes=max_job_upload_bytes)
+        server.library = True
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -467,12 +452,13 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/v1/audio/transcriptions", _route(server.transcriptions), methods=["POST"]),
-            Route("/v1/models", _route(server.models), methods=["GET"]),
-            Route("/v1/models/{model:path}", _route(server.model), methods=["GET"]),
-            Route("/health", _route(server.health), methods=["GET"]),
+            Route("/v1/audio/transcriptions", route(server.transcriptions), methods=["POST"]),
+            Route("/v1/models", route(server.models), methods=["GET"]),
+            Route("/v1/models/{model:path}", route(server.model), methods=["GET"]),
+            Route("/health", route(server.health), methods=["GET"]),
             WebSocketRoute(LIVE_PATH, sessions.endpoint),
-            *(kept.routes(_route) if kept is not None else []),
+            *(kept.routes(route) if kept is not None else []),
+            *Page().routes(),
         ],
         middleware=[
             Middleware(
@@ -483,7 +469,7 @@ def create_app(
                 path_limits={"/v1/jobs": int(max_job_upload_bytes)} if kept is not None else {},
             )
         ],
-        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )
     app.state.server = server

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import http
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from mlx_qwen3asr.runtime.messages import one_line
 
-__all__ = ["APIError", "ClientGone", "too_large"]
+__all__ = ["APIError", "ClientGone", "http_error", "internal_error", "route", "too_large"]
+
+log = logging.getLogger("mlx_qwen3asr.serve.app")
 
 
 class APIError(Exception):
@@ -74,3 +80,32 @@ def too_large(limit: int, close: bool = False) -> APIError:
         param="file",
         close=close,
     )
+
+
+def route(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """A route's handler whose APIError becomes its answer (logged when the server is at fault)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError as e:
+            if e.status >= 500:
+                log.warning("%s %s: %d %s", request.method, request.url.path, e.status, e.message)
+            return e.response()
+        except ClientGone:
+            log.info("%s %s: the client went away", request.method, request.url.path)
+            return Response(status_code=400)  # nobody reads it
+
+    return endpoint
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    messages = {404: f"no route {request.url.path!r}", 405: f"method {request.method} not allowed here"}
+    message = messages.get(exc.status_code, one_line(exc.detail))
+    return APIError(exc.status_code, message, headers=exc.headers).response()
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=(type(exc), exc, exc.__traceback__))
+    return APIError(500, "internal error; see the server log", code="internal_error").response()

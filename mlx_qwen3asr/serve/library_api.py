@@ -74,7 +74,7 @@ class LibraryAPI:
         self.jobs = JobRoutes(server, library, runner, max_job_upload_bytes)
 
     def routes(self, wrap: Any) -> list[Route]:
-        """The routes, each handler wrapped by `wrap` (app._route: APIError -> its response)."""
+        """The routes, each handler wrapped by `wrap` (errors.route: APIError -> its response)."""
         t = "/v1/transcripts/{id}"
         return [
             Route("/v1/jobs", wrap(self.jobs.create_job), methods=["POST"]),

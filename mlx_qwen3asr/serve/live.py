@@ -8,7 +8,8 @@ The client sends 16-bit little-endian mono PCM at 16 kHz, as JSON
 events sent and the socket closed normally. ``{"type": "transcription_session.update", "session":
 {"language", "prompt", "turn_detection", "word_timestamps"}}`` may come before the first audio
 (turn_detection: speech detection, on as for the server's file requests unless null;
-word_timestamps: the words of committed segments timed by the server's aligner). The server answers
+word_timestamps: the words of committed segments timed by the server's aligner; save: the finished
+session filed in the server's transcript library with its audio, live_save.py). The server answers
 with OpenAI's realtime transcription events where they fit, and the session's transcript at the end
 (live_events.py; docs/server.md lists them); an ``error`` event, then a close, for anything refused.
 
@@ -32,7 +33,6 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,16 +40,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from mlx_qwen3asr.audio.features import SAMPLE_RATE
 from mlx_qwen3asr.audio.vad import VadOptions
+from mlx_qwen3asr.library.store import Library, LibraryError
 from mlx_qwen3asr.model.generate import Generation
 from mlx_qwen3asr.pipeline.engine import Engine, Job, JobCancelled
 from mlx_qwen3asr.pipeline.live_session import LiveSession
-from mlx_qwen3asr.pipeline.streaming import (
-    DEFAULT_MAX_WINDOW_SECONDS,
-    Decode,
-    RowDecode,
-    StreamingTranscriber,
-    StreamUpdate,
-)
+from mlx_qwen3asr.pipeline.streaming import StreamUpdate
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import Access, refusal
 from mlx_qwen3asr.serve.live_events import (
@@ -66,6 +61,8 @@ from mlx_qwen3asr.serve.live_events import (
     turn_detection,
     update_events,
 )
+from mlx_qwen3asr.serve.live_limits import LiveLimits
+from mlx_qwen3asr.serve.live_save import save_live_session
 from mlx_qwen3asr.text.languages import resolve_language
 from mlx_qwen3asr.text.prompt import prompt_prefix_ids
 
@@ -78,62 +75,6 @@ LIVE_PATH = "/v1/realtime/transcription"
 KEY_PROTOCOL = "openai-insecure-api-key."
 # The subprotocol the server answers with when the client offers it.
 REALTIME_PROTOCOL = "realtime"
-
-DEFAULT_MAX_SESSIONS = 4
-DEFAULT_MAX_SECONDS = 3600.0
-DEFAULT_IDLE_TIMEOUT = 30.0
-DEFAULT_MAX_BUFFER_SECONDS = 30.0
-DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LiveLimits:
-    """Bounds and settings of the live sessions.
-
-    max_sessions: sessions at once; more are refused (error ``too_many_sessions``, close 1013).
-    max_seconds: the longest session, counted both in audio received and in time connected.
-    idle_timeout: the longest wait for the client's next frame while the session is open.
-    max_buffer_seconds: audio received and not yet taken by the model; more (a client sending faster
-    than the model keeps up) ends the session (``buffer_overflow``). max_frame_bytes: the largest
-    frame. chunk_seconds, unfixed_chunks, unfixed_tokens, max_window_seconds, max_new_tokens: the
-    StreamingTranscriber's settings.
-    """
-
-    max_sessions: int = DEFAULT_MAX_SESSIONS
-    max_seconds: float = DEFAULT_MAX_SECONDS
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
-    max_buffer_seconds: float = DEFAULT_MAX_BUFFER_SECONDS
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    chunk_seconds: float = 2.0
-    unfixed_chunks: int = 2
-    unfixed_tokens: int = 5
-    max_window_seconds: float | None = DEFAULT_MAX_WINDOW_SECONDS
-    max_new_tokens: int | None = None
-
-    def transcriber(
-        self,
-        model: Any,
-        language: str | None,
-        context: str,
-        decode: Decode | None = None,
-        vad: VadOptions | None = None,
-        rows: RowDecode | None = None,
-    ) -> StreamingTranscriber:
-        """A session's stream; vad: its speech detection (None: off); decode, rows: where its decodes
-        run (default: here), see StreamingTranscriber."""
-        return StreamingTranscriber(
-            model,
-            language=language,
-            context=context,
-            chunk_seconds=self.chunk_seconds,
-            unfixed_chunks=self.unfixed_chunks,
-            unfixed_tokens=self.unfixed_tokens,
-            max_window_seconds=self.max_window_seconds,
-            max_new_tokens=self.max_new_tokens,
-            decode=decode,
-            rows=rows,
-            vad=vad,
-        )
 
 
 class _Session:
@@ -148,6 +89,8 @@ class _Session:
         # a session update's turn_detection changes it.
         self.vad: VadOptions | None = getattr(sessions.engine, "vad", None)
         self.word_timestamps = False
+        self.save = False  # filed in the library when it finishes
+        self.started = time.time()
         self.pending: list[np.ndarray] = []
         self.pending_samples = 0
         self.received_samples = 0
@@ -248,15 +191,19 @@ class _Session:
         except ValueError as e:
             raise SessionError("invalid_session", str(e), CLOSE_POLICY) from None
         vad = turn_detection(session["turn_detection"], self.vad) if "turn_detection" in session else self.vad
-        words = session.get("word_timestamps", self.word_timestamps)
-        if not isinstance(words, bool):
-            raise SessionError("invalid_event", "'word_timestamps' must be true or false", CLOSE_INVALID_DATA)
+        words, save = session.get("word_timestamps", self.word_timestamps), session.get("save", self.save)
+        if not isinstance(words, bool) or not isinstance(save, bool):
+            raise SessionError(
+                "invalid_event", "'word_timestamps' and 'save' must be true or false", CLOSE_INVALID_DATA
+            )
+        if save and self.sessions.library is None:
+            raise SessionError("invalid_session", "the server keeps no transcript library", CLOSE_POLICY)
         if words and getattr(self.sessions.engine, "aligner", None) is None:
             raise SessionError(
                 "invalid_session", "word timestamps need an aligner; the server has none", CLOSE_POLICY
             )
         self.language, self.context, self.vad = language or None, prompt, vad
-        self.word_timestamps = words
+        self.word_timestamps, self.save = words, save
 
     def _audio(self, samples: np.ndarray) -> None:
         self.received_samples += samples.shape[0]
@@ -287,6 +234,7 @@ class _Session:
             if self.vad is None
             else {"type": "server_vad", "threshold": self.vad.threshold},
             "word_timestamps": self.word_timestamps,
+            "save": self.save,
             "chunk_seconds": limits.chunk_seconds,
             "idle_timeout": limits.idle_timeout,
             "max_seconds": limits.max_seconds,
@@ -350,6 +298,7 @@ class _Session:
             self.stream = LiveSession(
                 transcriber,
                 aligner=engine.aligner if self.word_timestamps else None,
+                keep_audio=self.save,
                 language=transcriber.language,
                 run=self._on_engine,
                 warn=lambda line: log.warning("live session %d: %s", self.number, line),
@@ -358,6 +307,28 @@ class _Session:
         if samples is None:
             return [self.stream.finish()]
         return self.stream.feed(samples)
+
+    def _saved(self, result: Any) -> dict[str, Any]:
+        """The finished session filed in the library: the event that says so, or an error event (the
+        session still ends normally: its transcript was sent)."""
+        options = {
+            "language": self.language,
+            "context": self.context,
+            "word_timestamps": self.word_timestamps,
+        }
+        try:
+            tid = save_live_session(
+                self.sessions.library,
+                result,
+                self.stream.audio.signal(),
+                started=self.started,
+                model=self.sessions.model_id,
+                options=options,
+            )
+        except (LibraryError, OSError) as e:
+            log.error("live session %d: not saved in the library: %s", self.number, one_line(e))
+            return SessionError("save_failed", "the session could not be saved in the library", 0).event()
+        return {"type": "transcription_session.saved", "transcript_id": tid}
 
     def _close(self) -> None:
         """No more steps: the one under way leaves the engine."""
@@ -385,8 +356,10 @@ class _Session:
                     await self.ws.send_json(event)
                 stream = self.stream
                 result = stream.transcription(stream.warnings())
-                stream.close()
                 await self.ws.send_json(transcript_event(result, self.sessions.model_id))
+                if self.save:
+                    await self.ws.send_json(await asyncio.to_thread(self._saved, result))
+                stream.close()
                 await self.ws.send_json(
                     {
                         "type": "transcription_session.finished",
@@ -430,8 +403,10 @@ class LiveSessions:
         access: Access,
         api_key: str | None,
         limits: LiveLimits | None = None,
+        library: Library | None = None,
     ) -> None:
         self.engine, self.model_id, self.access, self.api_key = engine, model_id, access, api_key
+        self.library = library  # where sessions that ask to be saved are filed
         self.limits = limits or LiveLimits()
         self.active = 0
         self._numbers = itertools.count(1)
