@@ -68,6 +68,7 @@ def test_every_option_the_readme_names_exists(capsys):
         "align": ["align"],
         "live": ["live"],
         "library": ["library"],
+        "app": ["app"],
     }
     known = {name: _options_named(_help([*argv, "--help"], capsys)) for name, argv in commands.items()}
     sections = re.split(r"\n## ", README)
@@ -75,7 +76,7 @@ def test_every_option_the_readme_names_exists(capsys):
     for section in sections:
         title = section.splitlines()[0]
         command = next(
-            (c for c in ("serve", "convert", "align", "live", "library") if f"mlxasr {c}" in title), ""
+            (c for c in ("serve", "convert", "align", "live", "library", "app") if f"mlxasr {c}" in title), ""
         )
         for option in _options_named(section):
             if option not in known[command] and option not in known[""]:
@@ -84,7 +85,7 @@ def test_every_option_the_readme_names_exists(capsys):
 
 
 def test_every_subcommand_the_readme_names_has_help(capsys):
-    named = set(re.findall(r"`mlxasr (serve|convert|align|live|library)\b", README))
-    assert named == {"serve", "convert", "align", "live", "library"}
+    named = set(re.findall(r"`mlxasr (serve|convert|align|live|library|app)\b", README))
+    assert named == {"serve", "convert", "align", "live", "library", "app"}
     for command in named:
         assert "usage:" in _help([command, "--help"], capsys)

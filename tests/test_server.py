@@ -33,6 +33,7 @@ from mlx_qwen3asr.outputs.render import render
 from mlx_qwen3asr.pipeline.alignment import align_segments
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
 from mlx_qwen3asr.serve.app import create_app, uvicorn_config
+from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
 
 KEY = "test-key-9f2c"
 MODEL_ID = "qwen3-asr-tiny"
@@ -298,9 +299,12 @@ def test_models_and_health(server):
         "model": MODEL_ID,
         "word_timestamps": True,
         "diarization": False,
+        "library": False,
+        "languages": list(SUPPORTED_LANGUAGES),
         "queued_seconds": 0.0,
         "diarization_queued_seconds": 0.0,
     }
+    assert "English" in health["languages"] and "Chinese" in health["languages"]
 
 
 def test_the_prompt_is_the_context(server, model, monkeypatch, short_budgets, tmp_path):
