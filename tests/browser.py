@@ -85,8 +85,7 @@ def serve(
         str(checkpoints("aligner-tiny")),
         "--port",
         str(port),
-        "--library",
-        str(library),
+        *(("--library", str(library)) if "--no-library" not in extra else ()),
         *extra,
     )
     proc = subprocess.Popen(

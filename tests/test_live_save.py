@@ -10,11 +10,15 @@ import json
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_live import URL, auth, client, frames, make, model, run_stream, signal  # noqa: F401
+import test_server_live as live_tests
+from test_server_live import URL, auth, client, frames, run_stream, signal
 
 from mlx_qwen3asr.library.store import Library
 from mlx_qwen3asr.serve import live_save
 
+# The live server tests' fixtures: the tiny model, and apps on fresh engines.
+model = live_tests.model
+make = live_tests.make
 
 
 @pytest.fixture

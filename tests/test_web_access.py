@@ -141,3 +141,18 @@ def test_a_page_of_another_origin_cannot_use_the_api(served):
             assert socket == "refused"
         finally:
             context.close()
+
+
+@needs_browser
+def test_a_server_without_a_library_shows_live_captions_only(checkpoints, tmp_path):
+    server = serve(checkpoints, tmp_path, "--no-vad", "--no-library")
+    try:
+        with chromium() as browser, opened(browser, server.url) as page:
+            ready(page)
+            assert page.locator("#add").is_hidden() and page.locator("#library").is_hidden()
+            assert "--no-library" in page.locator("#welcome").inner_text()
+            page.get_by_role("button", name="Live captions").click()
+            save = page.get_by_label("Save to the library when stopped")
+            assert save.is_disabled() and not save.is_checked()
+    finally:
+        server.stop()

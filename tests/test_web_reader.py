@@ -25,7 +25,12 @@ def served(checkpoints, tmp_path_factory):
     folder = tmp_path_factory.mktemp("web-reader")
     result = interview()
     wav = interview_audio(folder / "interview.wav", result)
+    hostile = interview()
+    hostile.segments = hostile.segments[:1]
+    hostile.segments[0].text = hostile.text = '<img src="/x" onerror="alert(1)"> <script>alert(2)</script>'
+    hostile.segments[0].words = []
     with Library(folder / "library") as library:
+        library.add(hostile.to_dict(), title='<b onclick="alert(3)">bold</b>', created=1.0)
         tid = library.add(result.to_dict(), title="Bakery interview", audio=wav)
     server = serve(checkpoints, folder, "--no-vad", library=folder / "library")
     try:
@@ -319,3 +324,19 @@ def test_retimed_words_from_the_aligner_are_shown_timed(served, browser):
         page.wait_for_function(
             "() => document.querySelector('[aria-label=\"Text of segment 6\"]').textContent === 'Four hundred, by hand?'"
         )
+
+
+def test_markup_in_titles_and_text_is_shown_as_text(served, browser):
+    server, _, _ = served
+    title = '<b onclick="alert(3)">bold</b>'
+    with opened(browser, server.url) as page:
+        ready(page)
+        page.get_by_role("button", name=title).click()
+        page.wait_for_selector("#reader:not([hidden])")
+        assert page.locator("#title").inner_text() == title
+        text = page.get_by_label("Text of segment 1", exact=True).inner_text()
+        assert text == '<img src="/x" onerror="alert(1)"> <script>alert(2)</script>'
+        page.get_by_label("Search transcripts", exact=True).fill("onerror")
+        page.locator("#transcripts mark").first.wait_for()
+        assert page.locator("main img, #side img, script:not([type=module])").count() == 0
+        assert page.locator("#transcripts b").count() == 0
