@@ -27,7 +27,8 @@ def test_readme_is_short():
 
 
 def test_readme_links_point_at_files_in_the_repository():
-    links = re.findall(r"\]\((?!https?://)([^)#]+)", README)
+    links = re.findall(r"\]\((?!https?://)([^)#]+)", README) + re.findall(r'<img src="([^"]+)"', README)
+    assert "docs/images/web-reader.png" in links
     assert "docs/cli.md" in links and "docs/development.md" in links
     missing = [link for link in links if not (REPO / link).is_file()]
     assert not missing

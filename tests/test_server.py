@@ -300,6 +300,7 @@ def test_models_and_health(server):
         "word_timestamps": True,
         "diarization": False,
         "library": False,
+        "max_job_upload_bytes": None,
         "languages": list(SUPPORTED_LANGUAGES),
         "queued_seconds": 0.0,
         "diarization_queued_seconds": 0.0,

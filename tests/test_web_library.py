@@ -6,6 +6,7 @@ read back; and the server killed during a job comes back, the page reloaded, to 
 
 from __future__ import annotations
 
+import json
 import socket
 
 import httpx
@@ -280,3 +281,34 @@ def test_a_change_made_elsewhere_meanwhile_is_not_overwritten(served, browser):
             "() => document.querySelector('[aria-label=\"Text of segment 1\"]').textContent === 'Changed elsewhere'"
         )
     assert api(server, f"/v1/transcripts/{tid}")["segments"][0]["text"] == "Changed elsewhere"
+
+
+def test_a_file_past_the_server_s_limit_or_empty_is_refused_before_its_upload(served, browser):
+    server, folder = served
+    big = wav(folder, "too big.wav", 3.0, 9)
+    empty = folder / "empty.wav"
+    empty.write_bytes(b"")
+    health = api(server, "/health")
+    assert health["max_job_upload_bytes"] == 2048 * 1024 * 1024  # mlxasr serve's default
+
+    def smaller_limit(route):  # a server started with --max-job-upload-mb 0.05
+        route.fulfill(
+            status=200,
+            content_type="application/json",
+            body=json.dumps({**health, "max_job_upload_bytes": 50_000}),
+        )
+
+    with opened(browser, server.url) as page:
+        page.route("**/health", smaller_limit)
+        page.reload()
+        ready(page)
+        posted = []
+        page.on("request", lambda r: r.method == "POST" and posted.append(r.url))
+        page.get_by_label("Choose recordings", exact=True).set_input_files([str(big), str(empty)])
+        refused = page.locator("#queue li[data-state=failed]")
+        refused.nth(1).wait_for()
+        lines = refused.locator(".state").all_inner_texts()
+        assert "the file is empty" in lines
+        kb = round(big.stat().st_size / 1024)
+        assert f"{kb} KB is larger than this server takes (49 KB; mlxasr serve --max-job-upload-mb)" in lines
+        assert posted == []

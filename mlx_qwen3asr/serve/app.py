@@ -129,6 +129,7 @@ class _Server:
         self.upload_dir, self.words_unavailable = upload_dir, words_unavailable
         self.speakers = speakers
         self.library = False  # whether the transcript library's routes are served
+        self.max_job_upload_bytes = 0  # the largest recording a library job may upload
         self.load = Load(engine, speakers, max_queue_seconds)
         self.created = int(time.time())
         # Threads that wait on jobs (one per waiting request; they block, the event loop does not).
@@ -342,6 +343,7 @@ class _Server:
                 "word_timestamps": self.engine.aligner is not None,
                 "diarization": self.speakers is not None,
                 "library": self.library,
+                "max_job_upload_bytes": self.max_job_upload_bytes if self.library else None,
                 "languages": list(SUPPORTED_LANGUAGES),
                 "queued_seconds": round(self.load.queued(), 3),
                 "diarization_queued_seconds": round(self.load.diarization_queued(), 3),
@@ -435,7 +437,7 @@ def create_app(
     kept = None
     if library is not None:
         kept = library_api(server, library, model_id=model_id, max_job_upload_bytes=max_job_upload_bytes)
-        server.library = True
+        server.library, server.max_job_upload_bytes = True, int(max_job_upload_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -149,6 +149,7 @@ async function main() {
       if (!reader.doc) open(id);
     },
     status,
+    health.max_job_upload_bytes,
   );
 
   new Live(

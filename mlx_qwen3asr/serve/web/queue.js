@@ -10,8 +10,9 @@ const RETRY_MS = 2000; // while the server cannot be reached (restarting), the j
 
 export class Queue {
   /** els: {list, input, drop}; options(): the job's form fields; onDone(transcriptId, title). */
-  constructor(els, options, onDone, status) {
+  constructor(els, options, onDone, status, maxBytes = null) {
     this.els = els;
+    this.maxBytes = maxBytes; // the server's limit on a job's upload
     this.options = options;
     this.onDone = onDone;
     this.status = status;
@@ -88,6 +89,15 @@ export class Queue {
 
   upload(file) {
     const item = this.item(file.name);
+    if (this.maxBytes && file.size > this.maxBytes) {
+      const size = (n) => (n < 1048576 ? `${Math.round(n / 1024)} KB` : `${(n / 1048576).toFixed(1)} MB`);
+      this.fail(item, `${size(file.size)} is larger than this server takes (${size(this.maxBytes)}; mlxasr serve --max-job-upload-mb)`);
+      return;
+    }
+    if (file.size === 0) {
+      this.fail(item, "the file is empty");
+      return;
+    }
     const form = new FormData();
     form.append("file", file, file.name);
     for (const [k, v] of this.options()) form.append(k, v);
@@ -100,7 +110,7 @@ export class Queue {
     xhr.upload.onprogress = (e) => {
       if (e.lengthComputable) this.setState(item, `uploading ${Math.round((100 * e.loaded) / e.total)}%`);
     };
-    xhr.onerror = () => this.fail(item, "the upload failed: the server cannot be reached");
+    xhr.onerror = () => this.fail(item, "the upload failed: the server refused it or cannot be reached");
     xhr.onabort = () => this.end(item, "cancelled", "cancelled");
     xhr.onload = () => {
       item.xhr = null;
