@@ -229,7 +229,7 @@ def test_the_server_killed_during_a_job_finishes_it_after_a_restart_and_a_reload
         with opened(browser, server.url) as page:
             ready(page)
             page.get_by_label("Choose recordings", exact=True).set_input_files(
-                str(wav(tmp_path, "interview.wav", 60.0, 6))
+                str(wav(tmp_path, "interview.wav", 40.0, 6))
             )
             page.wait_for_function(
                 "() => /transcribing/.test(document.getElementById('queue').textContent)", timeout=120_000
