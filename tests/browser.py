@@ -111,6 +111,16 @@ def serve(
 
 
 @contextlib.contextmanager
+def running(checkpoints, folder: Path, *extra: str, **kwargs) -> Iterator[Served]:
+    """serve(...), stopped on the way out."""
+    server = serve(checkpoints, folder, *extra, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
 def chromium(*args: str) -> Iterator[object]:
     """The system's Chromium under Playwright (headless), with extra command-line args."""
     from playwright.sync_api import sync_playwright

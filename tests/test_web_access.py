@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from browser import chromium, needs_browser, opened, ready, serve
+from browser import chromium, needs_browser, opened, ready, running
 from reference import test_signal
 
 from mlx_qwen3asr.serve.page import WEB
@@ -20,11 +20,8 @@ KEY = "page-key-7f3a"
 @pytest.fixture(scope="module")
 def served(checkpoints, tmp_path_factory):
     folder = tmp_path_factory.mktemp("web-access")
-    server = serve(checkpoints, folder, "--no-vad", key=KEY)
-    try:
+    with running(checkpoints, folder, "--no-vad", key=KEY) as server:
         yield server, folder
-    finally:
-        server.stop()
 
 
 def test_the_page_files_need_no_key_and_carry_their_types_and_policy(served):
@@ -145,8 +142,7 @@ def test_a_page_of_another_origin_cannot_use_the_api(served):
 
 @needs_browser
 def test_a_server_without_a_library_shows_live_captions_only(checkpoints, tmp_path):
-    server = serve(checkpoints, tmp_path, "--no-vad", "--no-library")
-    try:
+    with running(checkpoints, tmp_path, "--no-vad", "--no-library") as server:
         with chromium() as browser, opened(browser, server.url) as page:
             ready(page)
             assert page.locator("#add").is_hidden() and page.locator("#library").is_hidden()
@@ -154,5 +150,3 @@ def test_a_server_without_a_library_shows_live_captions_only(checkpoints, tmp_pa
             page.get_by_role("button", name="Live captions").click()
             save = page.get_by_label("Save to the library when stopped")
             assert save.is_disabled() and not save.is_checked()
-    finally:
-        server.stop()

@@ -12,7 +12,7 @@ import socket
 import httpx
 import pytest
 import soundfile as sf
-from browser import needs_browser, opened, ready, serve, until
+from browser import needs_browser, opened, ready, running, serve, until
 from reference import test_signal
 
 pytestmark = needs_browser
@@ -29,11 +29,8 @@ def wav(folder, name: str, seconds: float, seed: int = 0):
 @pytest.fixture(scope="module")
 def served(checkpoints, tmp_path_factory):
     folder = tmp_path_factory.mktemp("web-library")
-    server = serve(checkpoints, folder, "--no-vad")
-    try:
+    with running(checkpoints, folder, "--no-vad") as server:
         yield server, folder
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

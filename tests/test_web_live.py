@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from browser import chromium, needs_browser, opened, ready, serve, until
+from browser import chromium, needs_browser, opened, ready, running, until
 from reference import test_signal
 
 pytestmark = needs_browser
@@ -19,11 +19,8 @@ pytestmark = needs_browser
 def served(checkpoints, tmp_path_factory):
     folder = tmp_path_factory.mktemp("web-live")
     # Speech detection off: random weights find no speech in a test signal, and every chunk is decoded.
-    server = serve(checkpoints, folder, "--no-vad")
-    try:
+    with running(checkpoints, folder, "--no-vad") as server:
         yield server, folder
-    finally:
-        server.stop()
 
 
 def test_live_captions_from_the_microphone_are_shown_and_saved(served):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import needs_browser, opened, ready, serve, until
+from browser import needs_browser, opened, ready, running, until
 
 from mlx_qwen3asr.library.store import Library
 from tools.demo_transcript import interview, interview_audio
@@ -32,11 +32,8 @@ def served(checkpoints, tmp_path_factory):
     with Library(folder / "library") as library:
         library.add(hostile.to_dict(), title='<b onclick="alert(3)">bold</b>', created=1.0)
         tid = library.add(result.to_dict(), title="Bakery interview", audio=wav)
-    server = serve(checkpoints, folder, "--no-vad", library=folder / "library")
-    try:
+    with running(checkpoints, folder, "--no-vad", library=folder / "library") as server:
         yield server, tid, result
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

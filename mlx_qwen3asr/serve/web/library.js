@@ -24,6 +24,13 @@ function snippetNodes(html) {
   return out;
 }
 
+function span(className, text) {
+  const el = document.createElement("span");
+  el.className = className;
+  el.textContent = text;
+  return el;
+}
+
 function when(seconds) {
   return new Date(seconds * 1000).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 }
@@ -97,30 +104,19 @@ export class LibraryList {
   }
 
   entry(t) {
-    const title = document.createElement("span");
-    title.className = "t-title";
-    title.textContent = t.title;
-    const meta = document.createElement("span");
-    meta.className = "t-meta";
-    meta.textContent = [when(t.created), t.duration ? formatTime(t.duration) : null, t.language || null]
-      .filter(Boolean)
-      .join(" · ");
-    const preview = document.createElement("span");
-    preview.className = "t-meta t-preview";
-    preview.textContent = t.preview || "";
-    return this.button(t.id, null, [title, meta, preview]);
+    const meta = [when(t.created), t.duration ? formatTime(t.duration) : null, t.language || null];
+    return this.button(t.id, null, [
+      span("t-title", t.title),
+      span("t-meta", meta.filter(Boolean).join(" · ")),
+      span("t-meta t-preview", t.preview || ""),
+    ]);
   }
 
   hit(h) {
-    const title = document.createElement("span");
-    title.className = "t-title";
-    title.textContent = h.title;
-    const meta = document.createElement("span");
-    meta.className = "t-meta";
-    meta.textContent = `at ${formatTime(h.start)}`;
-    const snippet = document.createElement("span");
-    snippet.className = "t-snippet";
+    const snippet = span("t-snippet", "");
     snippet.append(...snippetNodes(h.snippet || ""));
+    const title = span("t-title", h.title);
+    const meta = span("t-meta", `at ${formatTime(h.start)}`);
     const li = this.button(h.transcript_id, h.start, [title, meta, snippet]);
     li.firstChild.setAttribute("aria-label", `${h.title} at ${formatTime(h.start)}: ${h.text}`);
     return li;
