@@ -168,6 +168,8 @@ export class Reader {
       const text = document.createElement("div");
       text.className = "text";
       text.tabIndex = 0;
+      text.setAttribute("role", "textbox");
+      text.setAttribute("aria-readonly", "true"); // Enter (or a double-click) edits it
       text.setAttribute("aria-label", `Text of segment ${n + 1}`);
       text.dataset.n = n;
       const words = (seg.words || []).filter((w) => Number.isFinite(w.start) && Number.isFinite(w.end));
@@ -390,6 +392,7 @@ export class Reader {
     this.stopFollowing();
     text.textContent = seg.text;
     text.contentEditable = "true";
+    text.setAttribute("aria-readonly", "false");
     text.focus();
     const range = document.createRange();
     range.selectNodeContents(text);
