@@ -249,7 +249,7 @@ def test_light_and_dark_follow_the_system(served, browser, scheme):
 
 
 def test_every_control_has_a_label_and_the_keyboard_alone_opens_and_corrects(served, browser):
-    server, tid, _ = served
+    server, tid, result = served
     with opened(browser, server.url) as page:
         ready(page)
         unlabelled = page.evaluate(
@@ -280,7 +280,15 @@ def test_every_control_has_a_label_and_the_keyboard_alone_opens_and_corrects(ser
         page.keyboard.type(" Indeed.")
         page.keyboard.press("Enter")
         until(lambda: doc(server, tid)["revision"] > before)
-        assert doc(server, tid)["segments"][0]["text"].endswith("every morning. Indeed.")
+        edited = doc(server, tid)["segments"][0]
+        assert edited["text"].endswith("every morning. Indeed.")
+        # The words that did not change keep their times; the page shows them timed.
+        old = result.segments[0].words
+        assert [(w["text"], w["start"], w["end"]) for w in edited["words"][: len(old)]] == [
+            (w.text, pytest.approx(w.start, abs=1e-3), pytest.approx(w.end, abs=1e-3)) for w in old
+        ]
+        timed = page.get_by_label("Text of segment 1", exact=True).locator(".w")
+        assert timed.count() >= len(old)
         page.keyboard.press("Control+z")
         until(lambda: not doc(server, tid)["segments"][0]["text"].endswith("Indeed."))
 

@@ -95,8 +95,8 @@ def _words(text: str, start: float, end: float) -> list[Word]:
     words, t = [], start
     for (a, b), w in zip(pieces, weights):
         length = (end - start) * w / total
-        word = text[a:b].strip(".,?!:;，。")
-        words.append(Word(word or text[a:b], round(t, 3), round(t + 0.85 * length, 3), a, b))
+        # As the pipeline writes words: the text as written, punctuation attached ("morning.").
+        words.append(Word(text[a:b], round(t, 3), round(t + 0.85 * length, 3), a, b))
         t += length
     return words
 
