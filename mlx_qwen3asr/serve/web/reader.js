@@ -6,6 +6,7 @@
 // heard.
 
 import { audioURL, download, json, send } from "./api.js";
+import { renderSpeakers, speakerChoice, speakerLabels } from "./speakers.js";
 import {
   activeIndex,
   formatTime,
@@ -96,43 +97,11 @@ export class Reader {
   }
 
   speakers() {
-    const found = [...(this.doc.speakers || [])];
-    for (const s of this.doc.segments) if (s.speaker && !found.includes(s.speaker)) found.push(s.speaker);
-    return found;
+    return speakerLabels(this.doc);
   }
 
   renderSpeakers() {
-    const speakers = this.speakers();
-    this.els.speakersBox.hidden = speakers.length === 0;
-    const items = speakers.map((label, k) => {
-      const li = document.createElement("li");
-      li.style.setProperty("--c", speakerColour(k));
-      const name = document.createElement("input");
-      name.type = "text";
-      name.value = label;
-      name.maxLength = 100;
-      name.setAttribute("aria-label", `Name of speaker ${label}`);
-      name.addEventListener("keydown", (e) => {
-        if (e.key === "Enter") name.blur();
-        if (e.key === "Escape") {
-          name.value = label;
-          name.blur();
-        }
-      });
-      name.addEventListener("change", () => {
-        const value = name.value.trim();
-        if (value && value !== label) this.save({ speaker_names: { [label]: value } }, `renamed ${label}`);
-        else name.value = label;
-      });
-      const play = document.createElement("button");
-      play.type = "button";
-      play.textContent = "▶";
-      play.setAttribute("aria-label", `Play a sample of ${label}`);
-      play.addEventListener("click", () => this.playSpeaker(label));
-      li.append(name, play);
-      return li;
-    });
-    this.els.speakers.replaceChildren(...items);
+    renderSpeakers(this);
   }
 
   renderSegments() {
@@ -156,7 +125,7 @@ export class Reader {
       time.setAttribute("aria-label", `Play segment ${n + 1} from ${formatTime(seg.start)}`);
       time.addEventListener("click", () => this.seek(seg.start, true));
       side.append(time);
-      if (speakers.length) side.append(this.speakerChoice(seg, n, speakers));
+      if (speakers.length) side.append(speakerChoice(this, seg, n, speakers));
       if (isLowConfidence(seg)) {
         li.classList.add("low");
         const low = document.createElement("span");
@@ -213,23 +182,6 @@ export class Reader {
       li.textContent = "No speech was found in this recording.";
       this.els.segments.append(li);
     }
-  }
-
-  speakerChoice(seg, n, speakers) {
-    const select = document.createElement("select");
-    select.className = "who";
-    select.setAttribute("aria-label", `Speaker of segment ${n + 1}`);
-    for (const label of ["", ...speakers]) {
-      const option = document.createElement("option");
-      option.value = label;
-      option.textContent = label || "(nobody)";
-      option.selected = label === (seg.speaker || "");
-      select.append(option);
-    }
-    select.addEventListener("change", () =>
-      this.save({ segments: [{ id: seg.id, speaker: select.value || null }] }, `segment ${n + 1} given to ${select.value || "nobody"}`),
-    );
-    return select;
   }
 
   buttons() {
