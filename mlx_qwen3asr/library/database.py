@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mlx_qwen3asr.library.errors import LibraryError
-from mlx_qwen3asr.library.files import AUDIO_FOLDER, JOBS_FOLDER, ORPHAN_SECONDS, remove_orphans
+from mlx_qwen3asr.library.files import AUDIO_FOLDER, JOBS_FOLDER, ORPHAN_SECONDS, kept_file, remove_orphans
 from mlx_qwen3asr.library.schema import Migration, open_database
 from mlx_qwen3asr.runtime.messages import one_line
 
@@ -109,6 +109,14 @@ class Database:
             finally:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("COMMIT")
+
+    def kept_audio(self, table: str, key: str) -> Path | None:
+        """The audio file a row of `table` ("transcripts" or "jobs") names, or None (no such row, or its
+        audio is gone)."""
+        folder = {"transcripts": self.audio_folder, "jobs": self.jobs_folder}[table]
+        with self.reading() as conn:
+            row = conn.execute(f"SELECT audio FROM {table} WHERE id = ?", (key,)).fetchone()
+        return None if row is None else kept_file(folder, row[0])
 
     def cleanup(self, *, min_age: float = ORPHAN_SECONDS, now: float | None = None) -> list[Path]:
         """Remove the files in audio/ and jobs/ that no transcript or job names and that nothing touched

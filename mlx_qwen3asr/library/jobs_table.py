@@ -136,9 +136,7 @@ class JobsTable(Transcripts):
 
     def job_audio(self, jid: str) -> Path | None:
         """The job's audio file, or None (no such job, or its audio is gone)."""
-        with self.reading() as conn:
-            row = conn.execute("SELECT audio FROM jobs WHERE id = ?", (jid,)).fetchone()
-        return None if row is None else kept_file(self.jobs_folder, row[0])
+        return self.kept_audio("jobs", jid)
 
     def finish_job(
         self,

@@ -223,9 +223,7 @@ class Transcripts(Database):
 
     def audio_path(self, tid: str) -> Path | None:
         """The transcript's audio file, or None (no such transcript, or no audio kept)."""
-        with self.reading() as conn:
-            row = conn.execute("SELECT audio FROM transcripts WHERE id = ?", (tid,)).fetchone()
-        return None if row is None else kept_file(self.audio_folder, row[0])
+        return self.kept_audio("transcripts", tid)
 
     def _save(
         self,
