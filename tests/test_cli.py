@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -787,8 +788,13 @@ def test_initial_prompt_is_whispers_name_for_context(capsys):
 
 
 def mlxasr(*args: str, stdin: bytes, cwd: Path) -> subprocess.CompletedProcess:
-    """mlxasr in a child process fed stdin, its temporary files in cwd/tmp."""
+    """mlxasr in a child process fed stdin, its temporary files in cwd/tmp (MLX's compiled kernels, kept
+    in TMPDIR/mlx, are the run's own: they are not compiled again)."""
     (cwd / "tmp").mkdir(exist_ok=True)
+    kernels = Path(tempfile.gettempdir()) / "mlx"
+    kernels.mkdir(exist_ok=True)
+    if not (cwd / "tmp" / "mlx").exists():
+        (cwd / "tmp" / "mlx").symlink_to(kernels, target_is_directory=True)
     return subprocess.run(
         [sys.executable, "-m", "mlx_qwen3asr.cli.main", "--no-vad", *args],
         input=stdin,

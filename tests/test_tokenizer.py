@@ -312,6 +312,26 @@ def copy_tokenizer(src: Path, dst: Path) -> Path:
     return dst
 
 
+def test_the_same_files_give_one_tokenizer_a_process_and_changed_files_a_new_one(published, tmp_path):
+    first = Tokenizer.from_dir(copy_tokenizer(published, tmp_path / "a"))
+    assert Tokenizer.from_dir(copy_tokenizer(published, tmp_path / "b")) is first  # by content, not path
+
+    # Other added tokens over the same vocabulary: a tokenizer of their own.
+    variant = copy_tokenizer(published, tmp_path / "variant")
+    config = json.loads((variant / "tokenizer_config.json").read_text())
+    config["additional_special_tokens"] = config["additional_special_tokens"] + ["<|extra_one|>"]
+    (variant / "tokenizer_config.json").write_text(json.dumps(config))
+    other = Tokenizer.from_dir(variant)
+    assert other is not first and "<|extra_one|>" in other.added_tokens
+    assert "<|extra_one|>" not in first.added_tokens and first.encode(" in") == other.encode(" in")
+
+    # A file changed where it is: read again (here a merge less, so " in" is no longer one token).
+    merges = (variant / "merges.txt").read_text(encoding="utf-8").splitlines()
+    (variant / "merges.txt").write_text("\n".join(m for m in merges if m != "i n") + "\n", encoding="utf-8")
+    changed = Tokenizer.from_dir(variant)
+    assert changed is not other and len(changed.encode(" in")) > len(first.encode(" in")) == 1
+
+
 def test_tokenizer_json_is_preferred(published, tmp_path, hf, tok):
     directory = copy_tokenizer(published, tmp_path / "tj")
     hf.backend_tokenizer.save(str(directory / "tokenizer.json"))

@@ -8,8 +8,11 @@ so that token ids match the reference implementation exactly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -137,9 +140,54 @@ def official_loader_patches_regex(model_dir: str | Path) -> bool:
     return True
 
 
+# Tokenizers built in this process, by the content of the files they were built from (most recent
+# last), and the BPE tables of vocab.json and merges.txt, which tokenizers with other added tokens share.
+_BUILT: OrderedDict[str, Tokenizer] = OrderedDict()
+_BPE_MODELS: OrderedDict[str, BPE] = OrderedDict()
+_BUILT_LOCK = threading.Lock()
+_BUILT_KEPT = 4
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def _files_key(directory: Path, fix_mistral_regex: bool, names: tuple[str, ...] = _TOKENIZER_FILES) -> str:
+    """A hash of these files where present in `directory` (names and bytes) and of the regex fix."""
+    h = hashlib.sha256(b"fix" if fix_mistral_regex else b"plain")
+    for name in names:
+        path = directory / name
+        if path.is_file():
+            h.update(b"\0" + name.encode() + b"\0")
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def _build_backend(directory: Path, config: dict[str, Any]) -> _Backend:
     vocab_path = _require(directory, "vocab.json")
     merges_path = _require(directory, "merges.txt")
+    key = _files_key(directory, False, ("vocab.json", "merges.txt"))
+    with _BUILT_LOCK:
+        model = _BPE_MODELS.get(key)
+    if model is None:
+        model = _bpe_model(vocab_path, merges_path)
+        with _BUILT_LOCK:
+            _BPE_MODELS[key] = model
+            while len(_BPE_MODELS) > _BUILT_KEPT:
+                _BPE_MODELS.popitem(last=False)
+    # The model's tables are only read: tokenizers with other added tokens share them.
+    backend = _Backend(model)
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            # The slow Qwen2Tokenizer never sets add_prefix_space, so the converter always uses False.
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    return backend
+
+
+def _bpe_model(vocab_path: Path, merges_path: Path) -> BPE:
     vocab = _read_json(vocab_path)
     merges: list[tuple[str, str]] = []
     with open(merges_path, encoding="utf-8") as f:
@@ -152,29 +200,16 @@ def _build_backend(directory: Path, config: dict[str, Any]) -> _Backend:
                 raise ValueError(f"{merges_path}:{index + 1}: expected two symbols, got {line!r}")
             merges.append((pair[0], pair[1]))
 
-    backend = _Backend(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            dropout=None,
-            unk_token=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-            byte_fallback=False,
-        )
+    return BPE(
+        vocab=vocab,
+        merges=merges,
+        dropout=None,
+        unk_token=None,
+        continuing_subword_prefix="",
+        end_of_word_suffix="",
+        fuse_unk=False,
+        byte_fallback=False,
     )
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
-            # The slow Qwen2Tokenizer never sets add_prefix_space, so the converter always uses False.
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    return backend
 
 
 def _register_added_tokens(backend: _Backend, config: dict[str, Any]) -> None:
@@ -231,10 +266,30 @@ class Tokenizer:
 
         ``fix_mistral_regex=True`` reproduces what transformers 4.57.x does to the split regex when
         the official loader's flag takes effect (see ``official_loader_patches_regex``).
+
+        Building the BPE tables takes most of a second, so a tokenizer is built once per process for
+        the same files (by content, wherever they are): a speech model and its aligner share the Qwen3
+        vocabulary, and a server or a test loads the same checkpoint again. A Tokenizer is never
+        changed after it is built, so one object serves them all.
         """
         directory = Path(path)
         if not directory.is_dir():
             raise FileNotFoundError(f"tokenizer directory {directory} does not exist")
+        key = _files_key(directory, fix_mistral_regex)
+        with _BUILT_LOCK:
+            built = _BUILT.get(key)
+            if built is not None:
+                _BUILT.move_to_end(key)
+                return built
+        built = cls._build(directory, fix_mistral_regex)
+        with _BUILT_LOCK:
+            _BUILT[key] = built
+            while len(_BUILT) > _BUILT_KEPT:
+                _BUILT.popitem(last=False)
+        return built
+
+    @classmethod
+    def _build(cls, directory: Path, fix_mistral_regex: bool) -> Tokenizer:
         config_path = directory / "tokenizer_config.json"
         tokenizer_json = directory / "tokenizer.json"
         if tokenizer_json.is_file():
