@@ -185,3 +185,29 @@ def checkpoint(preset: str, layout: str = "release") -> Path:
 
 def as_json(value) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build these checkpoints into the cache now (PRESET or PRESET:LAYOUT), as the tests would on first
+    use: CI starts it while the test dependencies install, since the real-shape presets take most of a
+    minute each."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python tests/cached.py", description=main.__doc__.splitlines()[0])
+    parser.add_argument("checkpoints", nargs="+", metavar="PRESET[:LAYOUT]")
+    args = parser.parse_args(argv)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import mlx_qwen3asr  # noqa: F401  (first, as the tests import it: it sets up MLX's CPU backend)
+
+    for spec in args.checkpoints:
+        preset, _, layout = spec.partition(":")
+        started = time.perf_counter()
+        path = checkpoint(preset, layout or "release")
+        print(f"{path} ({time.perf_counter() - started:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -146,6 +146,7 @@ def serves_repo(files: dict[str, bytes], stall: str | None = None):
             else:
                 body, extra = b"{}", ""
             status = "200 OK" if body != b"{}" else "404 Not Found"
+            conn.settimeout(30)  # a busy client reads the body late: only reading requests polls
             conn.sendall(
                 f"HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\n{extra}"
                 f"Content-Length: {len(body)}\r\n\r\n".encode()

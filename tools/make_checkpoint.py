@@ -265,7 +265,9 @@ def random_weights(config: dict, seed: int = 0) -> Iterator[tuple[str, np.ndarra
     embed = None
 
     def normal(shape, std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+        value = rng.standard_normal(shape, dtype=np.float32)
+        value *= np.float32(std)  # in place: the same float32 products, without a second array
+        return value
 
     def near_one(n, scale=1.0):
         return (scale * (1.0 + normal((n,), 0.05))).astype(np.float32)
