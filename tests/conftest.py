@@ -14,6 +14,14 @@ if _WORKERS > 1:
     for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ.setdefault(_name, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker more than the cores. Many tests wait part of their time (on a server, a
+    child process, a deadline, a hub that stalls by design), and a third worker on two cores computes
+    while one of them waits."""
+    return (os.cpu_count() or 1) + 1
+
+
 # Imported before any test module imports mlx: the package loads OpenBLAS for MLX's CPU backend only
 # if it comes first (mlx_qwen3asr.runtime.cpu); otherwise every MLX product runs on the slow bundled BLAS.
 import mlx_qwen3asr  # noqa: E402

@@ -38,7 +38,7 @@ def test_readme_setup_and_test_commands_are_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     code = _fenced(README)
     assert code[:1] == ["pip install . && mlxasr ./recordings --srt"]
-    test = "python -m pytest -n 2 --dist loadfile"
+    test = "python -m pytest -n auto --dist loadfile"
     install = code[code.index(test) - 1]
     assert (
         install == 'pip install -e ".[test,diarize]" && pip install --no-deps qwen-asr==0.0.6 mlx-lm==0.32.2'

@@ -73,11 +73,14 @@ def test_streamed_ffmpeg_decode_equals_the_whole_decode(tmp_path, monkeypatch):
 def test_the_temporary_file_has_no_name_and_closes(tmp_path, monkeypatch):
     path = tmp_path / "long.flac"
     sf.write(path, test_signal(20.0, seed=4), 16000)
-    before = set(os.listdir(tempfile.gettempdir()))
+    # A temporary folder of its own: other processes (a compiler, another test) use the shared one.
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     monkeypatch.setattr(decode, "SPILL_SECONDS", 5.0)
     decoded = read_audio(path)
     assert isinstance(decoded.signal, FileSignal)
-    assert set(os.listdir(tempfile.gettempdir())) - before == set()  # unlinked: nothing left behind
+    assert os.listdir(private) == []  # unlinked: nothing left behind
     decoded.signal.close()
     assert decoded.signal.file.closed
 
