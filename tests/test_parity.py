@@ -60,7 +60,7 @@ BATCHED = {"0.6b"}
 
 
 def our_run(checkpoints, preset, seconds):
-    """(encoder output, Generation) of our model for a case, fed the reference's mel."""
+    """(encoder output, prompt ids, Generation) of our model for a case, fed the reference's mel."""
     _, ours = pair(checkpoints, preset)
     key = ("ours", preset, seconds)
     if key not in _runs:

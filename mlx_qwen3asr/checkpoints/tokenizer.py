@@ -160,6 +160,15 @@ def _files_key(directory: Path, fix_mistral_regex: bool, names: tuple[str, ...] 
     return h.hexdigest()
 
 
+def _remember(kept: OrderedDict, key: str, value) -> None:
+    """Keep value under key, the least recently used entries beyond _BUILT_KEPT dropped."""
+    with _BUILT_LOCK:
+        kept[key] = value
+        kept.move_to_end(key)
+        while len(kept) > _BUILT_KEPT:
+            kept.popitem(last=False)
+
+
 def _build_backend(directory: Path, config: dict[str, Any]) -> _Backend:
     vocab_path = _require(directory, "vocab.json")
     merges_path = _require(directory, "merges.txt")
@@ -168,10 +177,7 @@ def _build_backend(directory: Path, config: dict[str, Any]) -> _Backend:
         model = _BPE_MODELS.get(key)
     if model is None:
         model = _bpe_model(vocab_path, merges_path)
-        with _BUILT_LOCK:
-            _BPE_MODELS[key] = model
-            while len(_BPE_MODELS) > _BUILT_KEPT:
-                _BPE_MODELS.popitem(last=False)
+        _remember(_BPE_MODELS, key, model)
     # The model's tables are only read: tokenizers with other added tokens share them.
     backend = _Backend(model)
     backend.normalizer = normalizers.NFC()
@@ -282,10 +288,7 @@ class Tokenizer:
                 _BUILT.move_to_end(key)
                 return built
         built = cls._build(directory, fix_mistral_regex)
-        with _BUILT_LOCK:
-            _BUILT[key] = built
-            while len(_BUILT) > _BUILT_KEPT:
-                _BUILT.popitem(last=False)
+        _remember(_BUILT, key, built)
         return built
 
     @classmethod
