@@ -15,6 +15,20 @@ if _WORKERS > 1:
         os.environ.setdefault(_name, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
+# The suite starts hundreds of Python processes (its workers, the commands it runs, the diarizer's worker,
+# the reference's imports). Where PYTHONDONTWRITEBYTECODE is set (as some containers set it), each of them
+# would compile every module it imports from source, every time: about 1 s of CPU for an mlxasr command,
+# 10-20 s for torch and transformers. The suite keeps that bytecode in its own folder of the test cache
+# instead (PYTHONPYCACHEPREFIX: nothing is written beside any source file), for this process and every
+# process it starts. Set before the imports below, and before pytest-xdist starts its workers.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    if not os.environ.get("PYTHONPYCACHEPREFIX"):
+        _CACHE = os.environ.get("MLXASR_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".test-cache"
+        os.environ["PYTHONPYCACHEPREFIX"] = str(Path(_CACHE).resolve() / "pycache")
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker more than the cores. Many tests wait part of their time (on a server, a
     child process, a deadline, a hub that stalls by design), and a third worker on two cores computes

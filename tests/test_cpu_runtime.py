@@ -45,6 +45,25 @@ def test_parallel_test_processes_share_the_cores_between_their_blas_threads():
         assert lib.openblas_get_num_threads() == expected
 
 
+def test_the_processes_the_suite_starts_keep_their_bytecode(tmp_path):
+    """Every Python process the suite starts reads and writes compiled bytecode (tests/conftest.py), in its
+    own folder where PYTHONDONTWRITEBYTECODE was set: nothing is compiled from source twice, and nothing
+    is written beside a source file."""
+    module = tmp_path / "imported_here.py"
+    module.write_text("VALUE = 1\n")
+    probe = "import sys, imported_here; print(sys.dont_write_bytecode, sys.pycache_prefix)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True
+    )
+    dont_write, prefix = done.stdout.split()
+    assert dont_write == "False" and not sys.dont_write_bytecode
+    if prefix == "None":
+        assert (tmp_path / "__pycache__").is_dir()
+    else:
+        assert prefix == sys.pycache_prefix and not (tmp_path / "__pycache__").exists()
+        assert list(Path(prefix).glob(f"{str(tmp_path).lstrip('/')}/imported_here.*.pyc"))
+
+
 @linux_only
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt tuning is glibc's")
 def test_malloc_is_tuned_by_the_commands_not_by_an_import_and_can_be_turned_off():
