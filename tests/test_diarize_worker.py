@@ -212,7 +212,7 @@ def test_a_worker_ends_when_its_parent_dies_even_mid_run(folder):
             "import os, signal, sys, threading, time\n"
             "from mlx_qwen3asr.diarize import load_diarizer\n"
             "sys.path.insert(0, 'tests')\n"
-            "from reference import test_signal\n"
+            "from signals import test_signal\n"
             f"d = load_diarizer({str(folder)!r}, isolated=True)\n"
             "d(test_signal(3.0))\n"
             "threading.Thread(target=d, args=(test_signal(60.0),), daemon=True).start()\n"
