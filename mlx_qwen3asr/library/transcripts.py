@@ -28,6 +28,7 @@ from mlx_qwen3asr.library.values import (
     checked_content,
     checked_options,
     checked_words,
+    clean_speaker_label,
     clean_title,
     dumps,
     edits_by_id,
@@ -35,7 +36,6 @@ from mlx_qwen3asr.library.values import (
     new_id,
     revision_summary,
     segment_row,
-    speaker_label,
     speakers_in_order,
 )
 from mlx_qwen3asr.text.output import join_texts
@@ -360,7 +360,7 @@ class Transcripts(Database):
                         parts.append(f"segment {sid} text")
                         texts_changed = True
                 if "speaker" in edit:
-                    speaker = speaker_label(edit["speaker"], f"the speaker of segment {sid}")
+                    speaker = clean_speaker_label(edit["speaker"], f"the speaker of segment {sid}")
                     if speaker != seg.get("speaker") or any(
                         w.get("speaker") != speaker for w in seg.get("words") or []
                     ):
@@ -372,7 +372,7 @@ class Transcripts(Database):
             if speaker_names:
                 renames: dict[str, str] = {}
                 for label, name in speaker_names.items():
-                    cleaned = speaker_label(name, f"the new name of {label!r}")
+                    cleaned = clean_speaker_label(name, f"the new name of {label!r}")
                     if not isinstance(label, str) or cleaned is None:
                         raise LibraryError(
                             f"speaker_names maps a speaker to a new name, got {label!r}: {name!r}"

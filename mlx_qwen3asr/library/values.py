@@ -33,7 +33,7 @@ __all__ = [
     "checked_options",
     "revision_summary",
     "segment_row",
-    "speaker_label",
+    "clean_speaker_label",
     "speakers_in_order",
 ]
 
@@ -60,8 +60,9 @@ def clean_title(title: str, limit: int = TITLE_CHARS) -> str:
     return " ".join(CONTROL_CHARS.sub(" ", head).split())[:limit]
 
 
-def speaker_label(value: Any, what: str) -> str | None:
-    """A speaker label: a cleaned string (None stays None)."""
+def clean_speaker_label(value: Any, what: str) -> str | None:
+    """A speaker label the user gave, cleaned as titles are (None stays None). (A speaker's label from its
+    number is diarize.speaker_label.)"""
     if value is None:
         return None
     if not isinstance(value, str):
