@@ -20,11 +20,12 @@ if _WORKERS > 1:
 # would compile every module it imports from source, every time: about 1 s of CPU for an mlxasr command,
 # 10-20 s for torch and transformers. The suite keeps that bytecode in its own folder of the test cache
 # instead (PYTHONPYCACHEPREFIX: nothing is written beside any source file), for this process and every
-# process it starts. Set before the imports below, and before pytest-xdist starts its workers.
+# process it starts. Set before pytest-xdist starts its workers.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    import cached  # the test cache's folder (tests/cached.py)
+
     if not os.environ.get("PYTHONPYCACHEPREFIX"):
-        _CACHE = os.environ.get("MLXASR_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".test-cache"
-        os.environ["PYTHONPYCACHEPREFIX"] = str(Path(_CACHE).resolve() / "pycache")
+        os.environ["PYTHONPYCACHEPREFIX"] = str(cached.CACHE.resolve() / "pycache")
     sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
     sys.dont_write_bytecode = False
 
