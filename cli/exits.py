@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 
 from mlx_qwen3asr.cli.options import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_status
-from mlx_qwen3asr.cli.signals import Terminated
+from mlx_qwen3asr.cli.signals import Terminated, raise_if_stopped, stop_taken
 
 __all__ = ["status_of", "stopped"]
 
@@ -31,16 +31,20 @@ def stopped(
     after: what the stop lines add (e.g. "; nothing was written"). errors, on_error: the command's own
     error class(es) and what says one and gives its status."""
     try:
-        return body()
+        status = body()
+        raise_if_stopped()  # a stop whose exception was dropped still ends the command as one
+        return status
     except SystemExit as e:
         return exit_status(e)
     except errors as e:
         assert on_error is not None
         return on_error(e)
     except KeyboardInterrupt:
+        stop_taken()
         print(f"{prog}: interrupted{after}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated:
+        stop_taken()
         print(f"{prog}: terminated{after}", file=sys.stderr)
         return EXIT_TERMINATED
 
@@ -49,8 +53,12 @@ def status_of(body: Callable[[], int]) -> int:
     """body()'s exit status, or that of the Ctrl-C (130) or SIGTERM (143) that stopped it, said by the
     caller (a folder run's summary says it; stopped() says it for a command)."""
     try:
-        return body()
+        status = body()
+        raise_if_stopped()
+        return status
     except KeyboardInterrupt:
+        stop_taken()
         return EXIT_INTERRUPTED
     except Terminated:
+        stop_taken()
         return EXIT_TERMINATED

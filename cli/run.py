@@ -52,6 +52,7 @@ from mlx_qwen3asr.cli.plan import (
     use_overwrite,
 )
 from mlx_qwen3asr.cli.reporter import Reporter, Summary, printable
+from mlx_qwen3asr.cli.signals import raise_if_stopped
 from mlx_qwen3asr.cli.stdio import (
     STDIN,
     STDIN_NAME,
@@ -396,6 +397,7 @@ class Session:
         )
         try:
             for res in stream:
+                raise_if_stopped()  # a Ctrl-C whose exception a finalizer dropped stops before the next file
                 if pairs is None:
                     settle(res, None)
                     continue

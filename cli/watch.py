@@ -23,6 +23,7 @@ from pathlib import Path
 from mlx_qwen3asr.cli.options import EXIT_OK, EXIT_USAGE
 from mlx_qwen3asr.cli.plan import plan_file, prepare_folders
 from mlx_qwen3asr.cli.reporter import Reporter, Summary
+from mlx_qwen3asr.cli.signals import raise_if_stopped
 from mlx_qwen3asr.outputs.folder import (
     FileJob,
     InputError,
@@ -171,6 +172,7 @@ class Watch:
             paths = ", ".join(self.paths)
             self.report.write(self.report.err, f"watching {paths} for new audio (Ctrl-C to stop)")
         while not self._pause():
+            raise_if_stopped()
             if self.poll(transcribe) == EXIT_USAGE:
                 return EXIT_USAGE
         return EXIT_OK

@@ -615,6 +615,37 @@ def test_signals_during_the_interrupt_handling_are_ignored_until_the_summary(tmp
     assert "interrupted: 0 transcribed, 0 skipped, 0 failed, 1 not finished" in out
 
 
+def test_a_ctrl_c_that_a_finalizer_drops_still_stops_the_run(tmp_path, ckpt, capsys, monkeypatch):
+    # Python runs a signal's handler between any two bytecodes, a finalizer's among them, and only
+    # reports what a finalizer raises: the run must stop all the same, without the report.
+    inputs = [write_audio(tmp_path / f"f{i}.wav", 1.0, i) for i in range(3)]
+    real_stream = cli_run.transcribe_stream
+
+    class Finalized:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)  # handled before raise_signal returns, inside __del__
+
+    def stream(*args, **kwargs):
+        results = real_stream(*args, **kwargs)
+        try:
+            for res in results:
+                yield res
+                Finalized()  # dropped at once
+        finally:
+            results.close()
+
+    monkeypatch.setattr(cli_run, "transcribe_stream", stream)
+    previous = signal.getsignal(signal.SIGINT)
+    args = ["--no-vad", str(tmp_path), "--srt", "--model", ckpt, "--batch-size", "1"]
+    assert main(args) == 130
+    assert signal.getsignal(signal.SIGINT) is previous
+    captured = capsys.readouterr()
+    assert "Exception ignored" not in captured.err and "Traceback" not in captured.err, captured.err
+    assert "interrupted: 1 transcribed, 0 skipped, 0 failed, 2 not finished" in captured.out
+    assert [p.with_suffix(".srt").exists() for p in inputs].count(True) == 1
+    assert temporaries(tmp_path) == []
+
+
 # --- 5. option ranges -----------------------------------------------------------------------------
 
 
