@@ -145,7 +145,9 @@ def test_the_player_keys_work_and_are_listed_on_the_page(served, browser):
             page.keyboard.press(",")
         assert page.evaluate(f"{audio}.playbackRate") == 0.5
         # The menu follows on the audio's "ratechange" event, a task of its own.
-        page.wait_for_function("() => document.querySelector('[aria-label=\"Playback speed\"]').value === '0.5'")
+        page.wait_for_function(
+            "() => document.querySelector('[aria-label=\"Playback speed\"]').value === '0.5'"
+        )
         for _ in range(8):
             page.keyboard.press(".")
         assert page.evaluate(f"{audio}.playbackRate") == 2
