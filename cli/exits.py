@@ -31,9 +31,7 @@ def stopped(
     after: what the stop lines add (e.g. "; nothing was written"). errors, on_error: the command's own
     error class(es) and what says one and gives its status."""
     try:
-        status = body()
-        raise_if_stopped()  # a stop whose exception was dropped still ends the command as one
-        return status
+        return body()  # a stop dropped as it finished does not undo what it did (cli/signals.py)
     except SystemExit as e:
         return exit_status(e)
     except errors as e:
@@ -54,7 +52,7 @@ def status_of(body: Callable[[], int]) -> int:
     caller (a folder run's summary says it; stopped() says it for a command)."""
     try:
         status = body()
-        raise_if_stopped()
+        raise_if_stopped()  # a Ctrl-C that the run did not see (cli/signals.py) is still its status
         return status
     except KeyboardInterrupt:
         stop_taken()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_qwen3asr.cli.options import EXIT_OK, EXIT_USAGE, number_in
+from mlx_qwen3asr.cli.signals import raise_if_stopped
 from mlx_qwen3asr.cli.stdio import problem_line
 from mlx_qwen3asr.library.export import EXPORT_FORMATS, ExportError, export
 from mlx_qwen3asr.library.jobs import claim_jobs
@@ -177,6 +178,7 @@ def _audio_beside(doc: dict[str, Any], json_path: Path) -> Path | None:
 def _import(library: Library, paths: Sequence[str]) -> int:
     added = failed = 0
     for path in _json_outputs(paths):
+        raise_if_stopped()  # a Ctrl-C whose exception a finalizer dropped stops before the next file
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(doc, dict) or not isinstance(doc.get("segments"), list):

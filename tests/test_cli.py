@@ -536,6 +536,17 @@ def test_subcommands_win_over_a_folder_of_their_name(tmp_path, ckpt, capsys, mon
 # --- interrupt ------------------------------------------------------------------------------------
 
 
+class _Finalized:
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)  # handled before raise_signal returns, inside __del__
+
+
+def drop_a_ctrl_c() -> None:
+    """A Ctrl-C whose KeyboardInterrupt is dropped: Python runs a signal's handler between any two
+    bytecodes, a finalizer's among them, and only reports what a finalizer raises."""
+    _Finalized()  # finalized at once
+
+
 def test_sigint_stops_cleanly_with_status_130(tmp_path, ckpt):
     folder = tmp_path / "long"
     inputs = [write_audio(folder / f"f{i}.wav", 8.0, i) for i in range(8)]

@@ -10,7 +10,7 @@ import docx
 import pytest
 import srt
 from scripted import script_batches, short_budgets, through_cli
-from test_cli import write_audio
+from test_cli import drop_a_ctrl_c, write_audio
 
 from mlx_qwen3asr.cli.main import main
 from mlx_qwen3asr.library.store import Library
@@ -96,6 +96,28 @@ def test_import_adds_earlier_json_outputs_with_their_audio_and_skips_bad_files(t
         assert total == 1 and item["title"] == "talk"
         assert library.audio_path(item["id"]).read_bytes() == wav.read_bytes()
         assert SAID in library.get(item["id"])["text"]
+
+
+def test_a_ctrl_c_that_a_finalizer_drops_still_stops_an_import(tmp_path, ckpt, capsys, monkeypatch):
+    rec = tmp_path / "rec"
+    for i in range(3):
+        write_audio(rec / f"talk{i}.wav", 1.0, i)
+    assert main([str(rec), "--json", "--no-vad", "--model", ckpt]) == 0
+    real_add = Library.add
+
+    def add(self, *args, **kwargs):
+        tid = real_add(self, *args, **kwargs)
+        drop_a_ctrl_c()
+        return tid
+
+    monkeypatch.setattr(Library, "add", add)
+    lib = tmp_path / "lib"
+    capsys.readouterr()
+    assert main(["library", "--library", str(lib), "import", str(rec)]) == 130
+    err = capsys.readouterr().err
+    assert "mlxasr library: interrupted" in err and "Exception ignored" not in err, err
+    with Library(lib) as library:
+        assert library.list()[1] == 1
 
 
 def test_a_library_that_cannot_be_opened_stops_the_run_before_any_transcription(tmp_path, ckpt, capsys):
