@@ -41,6 +41,7 @@ def test_parallel_test_processes_share_the_cores_between_their_blas_threads():
     expected = int(os.environ["OPENBLAS_NUM_THREADS"]) if "OPENBLAS_NUM_THREADS" in os.environ else None
     if workers > 1:
         assert expected == max(1, (os.cpu_count() or 1) // workers)
+        assert os.environ.get("MATMUL_NUM_THREADS") == str(expected)  # the diarizer's (speakrs) share
     if expected is not None:
         assert lib.openblas_get_num_threads() == expected
 
