@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -356,7 +357,7 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
     except OSError as e:
         _error(f"cannot listen on {args.host}:{args.port} ({(e.strerror or str(e)).lower()})")
         return EXIT_USAGE
-    engine = speakers = diarizer = library = None
+    engine = speakers = diarizer = library = uploads = None
     try:
         library = open_library(args, _error, jobs=True)
         if isinstance(library, int):
@@ -370,11 +371,14 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
 
         from mlx_qwen3asr.pipeline.engine import Engine
         from mlx_qwen3asr.serve.app import ConnectionLimits, LiveLimits, Speakers, create_app, uvicorn_config
+        from mlx_qwen3asr.serve.uploads import upload_folder
 
         engine = Engine(model, aligner=aligner, batch_size=args.batch_size, vad=vad_options(args) or False)
         if diarizer is not None:
             speakers = Speakers(diarizer, diarization.lib, diarization.options)
         api_key = args.api_key
+        # The server's own, removed below however it stops (even before the app has started).
+        uploads = upload_folder()
         try:
             app = create_app(
                 engine,
@@ -383,6 +387,7 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
                 max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
                 max_queue_seconds=args.max_queue_seconds,
                 max_audio_seconds=args.max_audio_seconds,
+                upload_dir=uploads,
                 words_unavailable=words_unavailable,
                 host=args.host,
                 allowed_hosts=args.allowed_host,
@@ -432,6 +437,8 @@ def _serve(args: argparse.Namespace, exiting: bool, diarization: Diarization | N
             engine.close()
         if library is not None and not isinstance(library, int) and not exiting:
             library.close()
+        if uploads is not None:
+            shutil.rmtree(uploads, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None, *, exiting: bool = False, app: bool = False) -> int:

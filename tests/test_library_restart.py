@@ -137,3 +137,27 @@ def test_a_second_server_on_the_same_library_is_refused_in_one_line(checkpoints,
     proc, url, _ = start(checkpoints, tmp_path, "--library", str(library))  # the lock went with the process
     proc.send_signal(signal.SIGINT)
     proc.wait(60)
+
+
+def test_the_uploads_folder_of_a_killed_server_is_removed_by_the_next_one(checkpoints, tmp_path, monkeypatch):
+    """A server killed with SIGKILL cannot remove its uploads folder, nor an upload it was receiving: the
+    next server to start removes them, once nothing was added there for a minute; its own folder goes
+    at shutdown."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    proc, _, _ = start(checkpoints, tmp_path, "--no-library")
+    (left,) = temp.glob(f"mlxasr-uploads-{proc.pid}-*")
+    (left / "upload-cut-off.wav").write_bytes(b"RIFF" + bytes(4096))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    earlier = time.time() - 120
+    os.utime(left, (earlier, earlier))
+    proc, _, _ = start(checkpoints, tmp_path, "--no-library")
+    try:
+        assert not left.exists()
+        (own,) = temp.glob(f"mlxasr-uploads-{proc.pid}-*")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    assert not own.exists()

@@ -33,6 +33,7 @@ from mlx_qwen3asr.outputs.render import render
 from mlx_qwen3asr.pipeline.alignment import align_segments
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
 from mlx_qwen3asr.serve.app import create_app, uvicorn_config
+from mlx_qwen3asr.serve.uploads import remove_stale_upload_folders
 from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
 
 KEY = "test-key-9f2c"
@@ -757,3 +758,29 @@ def test_a_full_queue_is_refused_with_a_retry_after_from_the_recent_speed():
     assert load.busy() is None and load.busy(diarize=True).headers["Retry-After"] == "30"
     engine.seconds = 1e9
     assert load.busy().headers["Retry-After"] == str(MAX_RETRY_AFTER)
+
+
+def test_only_the_uploads_folders_of_servers_that_are_gone_and_idle_are_removed(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    now = time.time()
+
+    def made(name: str, age: float, folder: bool = True) -> Path:
+        path = tmp_path / name
+        if folder:
+            path.mkdir()
+            (path / "upload-a.wav").write_bytes(b"x")
+        else:
+            path.write_bytes(b"x")
+        os.utime(path, (now - age, now - age))
+        return path
+
+    killed = made(f"mlxasr-uploads-{gone.pid}-k1", 120)
+    kept = [
+        made(f"mlxasr-uploads-{gone.pid}-recent", 5),  # something was added a moment ago
+        made(f"mlxasr-uploads-{os.getpid()}-live", 120),  # its server runs
+        made("mlxasr-uploads-abc_1234", 120),  # not named for a process
+        made(f"mlxasr-uploads-{gone.pid}-file", 120, folder=False),  # not a folder
+    ]
+    assert remove_stale_upload_folders(tmp_path, now=now) == [killed]
+    assert not killed.exists() and all(p.exists() for p in kept)

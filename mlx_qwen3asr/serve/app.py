@@ -35,7 +35,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -73,7 +72,7 @@ from mlx_qwen3asr.serve.openai import (
 )
 from mlx_qwen3asr.serve.page import Page
 from mlx_qwen3asr.serve.speakers import DiarizeJob, Speakers
-from mlx_qwen3asr.serve.uploads import Upload, read_upload, write_chunk
+from mlx_qwen3asr.serve.uploads import Upload, read_upload, upload_folder, write_chunk
 from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
 
 __all__ = [
@@ -390,7 +389,7 @@ def create_app(
     request must then send `Authorization: Bearer <api_key>` (an empty key is a ValueError, not "no
     key"). max_audio_seconds: the longest audio a request may hold, as decoded. upload_dir: where
     uploads are written while they are transcribed (default: a private temporary folder, removed at
-    shutdown). words_unavailable: why word timestamps are refused, when the engine has no aligner.
+    shutdown; the next server removes one that a killed server left: uploads.upload_folder). words_unavailable: why word timestamps are refused, when the engine has no aligner.
     host: the address the server is bound to; the Host header must name it, localhost, 127.0.0.1,
     ::1 or one of allowed_hosts ("*": any); bound to every interface (0.0.0.0, ::), any IP address
     and the machine's name are accepted too. cors_origins: the browser origins (e.g.
@@ -411,7 +410,7 @@ def create_app(
     if speakers is not None:
         speakers.vad = engine.vad  # the speech the engine transcribes is what is diarized
     owned = upload_dir is None
-    folder = Path(tempfile.mkdtemp(prefix="mlxasr-uploads-") if owned else upload_dir)
+    folder = upload_folder() if owned else Path(upload_dir)
     server = _Server(
         engine,
         model_id=model_id,

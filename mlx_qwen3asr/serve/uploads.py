@@ -7,8 +7,12 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import secrets
+import shutil
+import stat
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +24,12 @@ from python_multipart.multipart import MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS
+from mlx_qwen3asr.runtime.atomic import STALE_SECONDS, pid_alive
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import close_after
 from mlx_qwen3asr.serve.errors import APIError, ClientGone, too_large
 
-__all__ = ["Upload", "read_upload", "write_chunk"]
+__all__ = ["Upload", "read_upload", "remove_stale_upload_folders", "upload_folder", "write_chunk"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,46 @@ MAX_NAMES = 64
 MAX_REPEATS = 16
 # File bytes are gathered up to this much before a write (done off the event loop).
 WRITE_CHUNK = 1024 * 1024
+# A server's own uploads folder, "mlxasr-uploads-<pid>-<random>" in the temporary folder: it names the
+# process, so that the folder of a server that was killed (and could not remove it) is known as such.
+UPLOAD_FOLDER = re.compile(r"mlxasr-uploads-(?P<pid>[0-9]+)-[0-9A-Za-z_]+")
+
+
+def upload_folder(parent: str | os.PathLike[str] | None = None) -> Path:
+    """A new folder for this server's uploads, in parent (default: the temporary folder); the folders
+    that killed servers left there are removed first (remove_stale_upload_folders)."""
+    parent = Path(tempfile.gettempdir() if parent is None else parent)
+    for gone in remove_stale_upload_folders(parent):
+        log.info("removed %s, the uploads folder of a server that was killed", gone)
+    return Path(tempfile.mkdtemp(prefix=f"mlxasr-uploads-{os.getpid()}-", dir=parent))
+
+
+def remove_stale_upload_folders(
+    parent: str | os.PathLike[str], *, min_age: float = STALE_SECONDS, now: float | None = None
+) -> list[Path]:
+    """Remove, with what they hold, the uploads folders in parent of servers that were killed: ours (this
+    user's), whose process is gone and in which nothing was added for min_age seconds; returns them."""
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        with os.scandir(parent) as it:
+            entries = [(e, m) for e in it if (m := UPLOAD_FOLDER.fullmatch(e.name))]
+    except OSError:
+        return removed
+    for entry, match in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        if now - st.st_mtime < min_age or pid_alive(int(match["pid"])):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(Path(entry.path))
+    return removed
+
 
 # Stores a piece of an upload's file: (path, data, created: whether earlier pieces made the file).
 Writer = Callable[[Path, bytes, bool], None]
