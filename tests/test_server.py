@@ -32,6 +32,7 @@ from mlx_qwen3asr.outputs.cues import build_cues
 from mlx_qwen3asr.outputs.render import render
 from mlx_qwen3asr.pipeline.alignment import align_segments
 from mlx_qwen3asr.pipeline.engine import Engine, JobCancelled
+from mlx_qwen3asr.runtime.atomic import host_tag
 from mlx_qwen3asr.serve.app import create_app, uvicorn_config
 from mlx_qwen3asr.serve.uploads import remove_stale_upload_folders
 from mlx_qwen3asr.text.languages import SUPPORTED_LANGUAGES
@@ -775,12 +776,17 @@ def test_only_the_uploads_folders_of_servers_that_are_gone_and_idle_are_removed(
         os.utime(path, (now - age, now - age))
         return path
 
-    killed = made(f"mlxasr-uploads-{gone.pid}-k1", 120)
+    here = host_tag()
+    elsewhere = "0" * 8 if here != "0" * 8 else "1" * 8  # another machine sharing the folder
+    killed = made(f"mlxasr-uploads-{gone.pid}-{here}-k1", 120)
     kept = [
-        made(f"mlxasr-uploads-{gone.pid}-recent", 5),  # something was added a moment ago
-        made(f"mlxasr-uploads-{os.getpid()}-live", 120),  # its server runs
+        made(f"mlxasr-uploads-{gone.pid}-{here}-recent", 5),  # something was added a moment ago
+        made(f"mlxasr-uploads-{os.getpid()}-{here}-live", 120),  # its server runs
+        made(
+            f"mlxasr-uploads-{gone.pid}-{'0' * 8 if here != '0' * 8 else '1' * 8}-far", 120
+        ),  # another machine's
         made("mlxasr-uploads-abc_1234", 120),  # not named for a process
-        made(f"mlxasr-uploads-{gone.pid}-file", 120, folder=False),  # not a folder
+        made(f"mlxasr-uploads-{gone.pid}-{here}-file", 120, folder=False),  # not a folder
     ]
     assert remove_stale_upload_folders(tmp_path, now=now) == [killed]
     assert not killed.exists() and all(p.exists() for p in kept)

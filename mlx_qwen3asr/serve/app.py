@@ -389,7 +389,8 @@ def create_app(
     request must then send `Authorization: Bearer <api_key>` (an empty key is a ValueError, not "no
     key"). max_audio_seconds: the longest audio a request may hold, as decoded. upload_dir: where
     uploads are written while they are transcribed (default: a private temporary folder, removed at
-    shutdown; the next server removes one that a killed server left: uploads.upload_folder). words_unavailable: why word timestamps are refused, when the engine has no aligner.
+    shutdown; the next server removes one that a killed server left: uploads.upload_folder).
+    words_unavailable: why word timestamps are refused, when the engine has no aligner.
     host: the address the server is bound to; the Host header must name it, localhost, 127.0.0.1,
     ::1 or one of allowed_hosts ("*": any); bound to every interface (0.0.0.0, ::), any IP address
     and the machine's name are accepted too. cors_origins: the browser origins (e.g.

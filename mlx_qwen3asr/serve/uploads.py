@@ -24,7 +24,7 @@ from python_multipart.multipart import MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS
-from mlx_qwen3asr.runtime.atomic import STALE_SECONDS, pid_alive
+from mlx_qwen3asr.runtime.atomic import STALE_SECONDS, host_tag, pid_alive
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import close_after
 from mlx_qwen3asr.serve.errors import APIError, ClientGone, too_large
@@ -42,9 +42,10 @@ MAX_NAMES = 64
 MAX_REPEATS = 16
 # File bytes are gathered up to this much before a write (done off the event loop).
 WRITE_CHUNK = 1024 * 1024
-# A server's own uploads folder, "mlxasr-uploads-<pid>-<random>" in the temporary folder: it names the
-# process, so that the folder of a server that was killed (and could not remove it) is known as such.
-UPLOAD_FOLDER = re.compile(r"mlxasr-uploads-(?P<pid>[0-9]+)-[0-9A-Za-z_]+")
+# A server's own uploads folder, "mlxasr-uploads-<pid>-<host>-<random>" in the temporary folder: it names
+# the process and the machine (atomic.host_tag: a temporary folder may be shared), so that the folder of a
+# server that was killed (and could not remove it) is known as such.
+UPLOAD_FOLDER = re.compile(r"mlxasr-uploads-(?P<pid>[0-9]+)-(?P<host>[0-9a-f]{8})-[0-9A-Za-z_]+")
 
 
 def upload_folder(parent: str | os.PathLike[str] | None = None) -> Path:
@@ -53,19 +54,21 @@ def upload_folder(parent: str | os.PathLike[str] | None = None) -> Path:
     parent = Path(tempfile.gettempdir() if parent is None else parent)
     for gone in remove_stale_upload_folders(parent):
         log.info("removed %s, the uploads folder of a server that was killed", gone)
-    return Path(tempfile.mkdtemp(prefix=f"mlxasr-uploads-{os.getpid()}-", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=f"mlxasr-uploads-{os.getpid()}-{host_tag()}-", dir=parent))
 
 
 def remove_stale_upload_folders(
     parent: str | os.PathLike[str], *, min_age: float = STALE_SECONDS, now: float | None = None
 ) -> list[Path]:
-    """Remove, with what they hold, the uploads folders in parent of servers that were killed: ours (this
-    user's), whose process is gone and in which nothing was added for min_age seconds; returns them."""
+    """Remove, with what they hold, the uploads folders in parent of servers that were killed: this user's,
+    on this machine, whose process is gone and in which nothing was added for min_age seconds; returns
+    them."""
     now = time.time() if now is None else now
+    host = host_tag()
     removed: list[Path] = []
     try:
         with os.scandir(parent) as it:
-            entries = [(e, m) for e in it if (m := UPLOAD_FOLDER.fullmatch(e.name))]
+            entries = [(e, m) for e in it if (m := UPLOAD_FOLDER.fullmatch(e.name)) and m["host"] == host]
     except OSError:
         return removed
     for entry, match in entries:
