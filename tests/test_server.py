@@ -782,9 +782,7 @@ def test_only_the_uploads_folders_of_servers_that_are_gone_and_idle_are_removed(
     kept = [
         made(f"mlxasr-uploads-{gone.pid}-{here}-recent", 5),  # something was added a moment ago
         made(f"mlxasr-uploads-{os.getpid()}-{here}-live", 120),  # its server runs
-        made(
-            f"mlxasr-uploads-{gone.pid}-{'0' * 8 if here != '0' * 8 else '1' * 8}-far", 120
-        ),  # another machine's
+        made(f"mlxasr-uploads-{gone.pid}-{elsewhere}-far", 120),  # its process may run there
         made("mlxasr-uploads-abc_1234", 120),  # not named for a process
         made(f"mlxasr-uploads-{gone.pid}-{here}-file", 120, folder=False),  # not a folder
     ]
