@@ -9,7 +9,7 @@ import pytest
 # Several test processes share the machine's cores (pytest -n N): each one's matrix-product threads
 # (OpenBLAS's, torch's, and those of the diarizer's library, speakrs, which reads MATMUL_NUM_THREADS) get
 # its share of the cores rather than all of them, so that one process's waiting threads never spin on a
-# core another needs (the diarizer's tests ran 5 times slower beside the others). Set before those
+# core another needs (the diarizer's tests ran 6 times slower beside the others). Set before those
 # libraries load: they read it once.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
