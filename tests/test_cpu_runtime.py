@@ -46,6 +46,52 @@ def test_parallel_test_processes_share_the_cores_between_their_blas_threads():
         assert lib.openblas_get_num_threads() == expected
 
 
+def test_the_kernel_family_is_named_from_the_cpu_features(tmp_path):
+    avx512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
+    assert _cpu.openblas_coretype(frozenset(avx512 | {"avx2", "fma", "sse3"})) == "SkylakeX"
+    assert _cpu.openblas_coretype(frozenset((avx512 - {"avx512vl"}) | {"avx2", "fma"})) == "Haswell"
+    assert _cpu.openblas_coretype(frozenset({"avx2", "fma", "sse4_2"})) == "Haswell"
+    assert _cpu.openblas_coretype(frozenset({"avx", "sse4_2"})) is None
+    assert _cpu.openblas_coretype(frozenset()) is None
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse3 avx2 fma\n\nprocessor\t: 1\n"
+    )
+    assert _cpu.cpu_flags(str(cpuinfo)) == {"fpu", "sse3", "avx2", "fma"}
+    assert _cpu.cpu_flags(str(tmp_path / "absent")) == frozenset()
+
+
+def loaded_core(**env: str) -> tuple[str, str]:
+    """(the loaded OpenBLAS's kernel family, OPENBLAS_CORETYPE after the import) in a new process."""
+    probe = (
+        "import os, mlx_qwen3asr\nfrom mlx_qwen3asr.runtime import cpu\n"
+        "print(cpu.openblas_core(), os.environ.get('OPENBLAS_CORETYPE', '-'))"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe], env=dict(environ, **env), capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    core, variable = run.stdout.split()
+    return core, variable
+
+
+@linux_only
+def test_openblas_runs_the_kernels_of_this_cpu_and_a_named_family_wins():
+    """An OpenBLAS older than the CPU would run its generic kernels (Prescott): the family this CPU's
+    features run is named for the load, the environment is left as it was, and the user's choice wins."""
+    if not openblas_installed():
+        pytest.fail("OpenBLAS is not installed: the suite needs it (see the README)")
+    family = _cpu.openblas_coretype(_cpu.cpu_flags()) if platform.machine() == "x86_64" else None
+    core, variable = loaded_core()
+    assert variable == "-"
+    if family is not None:
+        assert core.lower() == family.lower()
+        assert loaded_core(OPENBLAS_CORETYPE="Prescott") == ("Prescott", "Prescott")
+    else:
+        assert core != "None"
+
+
 def test_the_processes_the_suite_starts_keep_their_bytecode(tmp_path):
     """Every Python process the suite starts reads and writes compiled bytecode (tests/conftest.py), in its
     own folder where PYTHONDONTWRITEBYTECODE was set: nothing is compiled from source twice, and nothing

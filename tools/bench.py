@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         "mlx": mx.__version__,
         "device": str(mx.default_device()),
         "dtype": str(model.dtype).replace("mlx.core.", ""),
-        "openblas": _cpu.loaded,
+        "openblas": _cpu.loaded and f"{_cpu.loaded} ({_cpu.openblas_core()} kernels)",
         "malloc_tuned": _cpu.malloc_tuned,
         "model": str(model_path),
         "budget": budget.describe(),

@@ -511,7 +511,7 @@ def run_peer(
     STATE.stages = stages
     STATE.reset()
     notes: list[str] = [
-        f"OpenBLAS preloaded: {BLAS_LOADED or 'no'}",
+        f"OpenBLAS preloaded: {BLAS_LOADED and f'{BLAS_LOADED} ({_cpu.openblas_core()} kernels)' or 'no'}",
         f"malloc tuned: {MALLOC_TUNED}",
     ]
 
