@@ -70,7 +70,10 @@ def openblas_core() -> str | None:
     """The kernel family the loaded OpenBLAS runs (its own name for it), or None if none is loaded."""
     if not loaded:
         return None
-    corename = ctypes.CDLL(loaded).openblas_get_corename
+    try:
+        corename = ctypes.CDLL(loaded).openblas_get_corename
+    except (OSError, AttributeError):  # a library by that name without OpenBLAS's own calls
+        return None
     corename.restype = ctypes.c_char_p
     return corename().decode()
 
@@ -80,14 +83,13 @@ def _load(name: str) -> None:
     coretype = None
     if "OPENBLAS_CORETYPE" not in os.environ and platform.machine().lower() in ("x86_64", "amd64"):
         coretype = openblas_coretype(cpu_flags())
-    if coretype is None:
-        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        return
-    os.environ["OPENBLAS_CORETYPE"] = coretype  # read once, by the library's constructor
+    if coretype:
+        os.environ["OPENBLAS_CORETYPE"] = coretype  # read once, by the library's constructor
     try:
         ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
     finally:
-        del os.environ["OPENBLAS_CORETYPE"]
+        if coretype:
+            del os.environ["OPENBLAS_CORETYPE"]
 
 
 def preload_openblas() -> str | None:
