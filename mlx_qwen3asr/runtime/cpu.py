@@ -4,9 +4,9 @@
   float32 matmul. Loading OpenBLAS with RTLD_GLOBAL before mlx makes its symbols win the lookup.
   Set MLX_QWEN3ASR_NO_OPENBLAS=1 to keep the bundled BLAS.
 - OpenBLAS's kernels: a build older than the CPU does not know its model and runs its generic SSE3
-  kernels (Debian 12's OpenBLAS 0.3.21 on a 2023 Xeon: 15 GFLOP/s a core in float32 against 144 with its
-  AVX-512 ones). Unless OPENBLAS_CORETYPE is set, the kernel family is named from the CPU's features
-  for the load (the environment is left as it was).
+  kernels (Debian 12's OpenBLAS 0.3.21 on a 2023 Xeon: about 6x slower in float32 than its AVX-512
+  ones; docs/performance.md). Unless OPENBLAS_CORETYPE is set, the kernel family is named from the
+  CPU's features for the load (the environment is left as it was).
 - malloc: MLX's CPU allocator takes every array from malloc and has no cache of its own. glibc serves
   large blocks with fresh mmap pages, so every activation is page-faulted in again (~1.6 ns per float
   here, more than a fused elementwise kernel costs). Keeping freed blocks in the heap lets them be
