@@ -771,6 +771,7 @@ def test_only_the_uploads_folders_of_servers_that_are_gone_and_idle_are_removed(
         if folder:
             path.mkdir()
             (path / "upload-a.wav").write_bytes(b"x")
+            os.utime(path / "upload-a.wav", (now - age, now - age))
         else:
             path.write_bytes(b"x")
         os.utime(path, (now - age, now - age))
@@ -781,10 +782,12 @@ def test_only_the_uploads_folders_of_servers_that_are_gone_and_idle_are_removed(
     killed = made(f"mlxasr-uploads-{gone.pid}-{here}-k1", 120)
     kept = [
         made(f"mlxasr-uploads-{gone.pid}-{here}-recent", 5),  # something was added a moment ago
+        made(f"mlxasr-uploads-{gone.pid}-{here}-writing", 120),  # an upload was written a moment ago
         made(f"mlxasr-uploads-{os.getpid()}-{here}-live", 120),  # its server runs
         made(f"mlxasr-uploads-{gone.pid}-{elsewhere}-far", 120),  # its process may run there
         made("mlxasr-uploads-abc_1234", 120),  # not named for a process
         made(f"mlxasr-uploads-{gone.pid}-{here}-file", 120, folder=False),  # not a folder
     ]
+    os.utime(kept[1] / "upload-a.wav", (now - 5, now - 5))
     assert remove_stale_upload_folders(tmp_path, now=now) == [killed]
     assert not killed.exists() and all(p.exists() for p in kept)

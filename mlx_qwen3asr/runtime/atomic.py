@@ -34,6 +34,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_files",
     "atomic_write_text",
+    "folder_left_by_killed_run",
     "host_tag",
     "make_temp_folder",
     "name_max",
@@ -347,6 +348,18 @@ def _last_written(path: Path) -> float:
     return latest
 
 
+def folder_left_by_killed_run(
+    path: Path, match: re.Match[str], *, min_age: float = STALE_SECONDS, now: float | None = None
+) -> bool:
+    """Whether a temporary folder of ours (its name's match: "pid" and "host") was left by a run that was
+    killed: made on this machine, its process gone, nothing in it written for min_age seconds. Raises
+    OSError where the folder cannot be read."""
+    if match["host"] != host_tag():
+        return False
+    now = time.time() if now is None else now
+    return _left_by_killed_run(match, now - _last_written(path), min_age)
+
+
 def remove_stale_folders(
     folder: Path, *, min_age: float = STALE_SECONDS, now: float | None = None
 ) -> tuple[list[Path], list[Path]]:
@@ -365,12 +378,11 @@ def remove_stale_folders(
             found = [(Path(e.path), m) for e in it if (m := TEMP_FOLDER.fullmatch(e.name))]
     except OSError:
         return removed, restored
-    host = host_tag()
     for path, match in found:
         try:
-            if not stat.S_ISDIR(path.lstat().st_mode) or match["host"] != host:
+            if not stat.S_ISDIR(path.lstat().st_mode):
                 continue
-            if not _left_by_killed_run(match, now - _last_written(path), min_age):
+            if not folder_left_by_killed_run(path, match, min_age=min_age, now=now):
                 continue
             if match["kind"] == "old":
                 target = folder / match["name"]

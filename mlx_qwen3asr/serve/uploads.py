@@ -12,7 +12,6 @@ import secrets
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from python_multipart.multipart import MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 from mlx_qwen3asr.audio.features import AUDIO_EXTENSIONS
-from mlx_qwen3asr.runtime.atomic import STALE_SECONDS, host_tag, pid_alive
+from mlx_qwen3asr.runtime.atomic import STALE_SECONDS, folder_left_by_killed_run, host_tag
 from mlx_qwen3asr.runtime.messages import one_line
 from mlx_qwen3asr.serve.access import close_after
 from mlx_qwen3asr.serve.errors import APIError, ClientGone, too_large
@@ -61,28 +60,26 @@ def remove_stale_upload_folders(
     parent: str | os.PathLike[str], *, min_age: float = STALE_SECONDS, now: float | None = None
 ) -> list[Path]:
     """Remove, with what they hold, the uploads folders in parent of servers that were killed: this user's,
-    on this machine, whose process is gone and in which nothing was added for min_age seconds; returns
-    them."""
-    now = time.time() if now is None else now
-    host = host_tag()
+    on this machine, whose process is gone and in which nothing was written for min_age seconds
+    (atomic.folder_left_by_killed_run); returns them."""
     removed: list[Path] = []
     try:
         with os.scandir(parent) as it:
-            entries = [(e, m) for e in it if (m := UPLOAD_FOLDER.fullmatch(e.name)) and m["host"] == host]
+            entries = [(Path(e.path), m) for e in it if (m := UPLOAD_FOLDER.fullmatch(e.name))]
     except OSError:
         return removed
-    for entry, match in entries:
+    for path, match in entries:
         try:
-            st = entry.stat(follow_symlinks=False)
+            st = path.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            if not folder_left_by_killed_run(path, match, min_age=min_age, now=now):
+                continue
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            continue
-        if now - st.st_mtime < min_age or pid_alive(int(match["pid"])):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        if not os.path.lexists(entry.path):
-            removed.append(Path(entry.path))
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            removed.append(path)
     return removed
 
 
